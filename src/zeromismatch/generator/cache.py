@@ -1,0 +1,115 @@
+"""Cache storage: fp32 GDN state per sequence slot and attention KV in fixed 64-token blocks.
+
+GDN state per slot (per GDN layer): conv = last W-1 conv inputs; ssm = fp32 state (bi_chunk: the state at
+the last 64-token boundary); buf_* = the open chunk's per-token inputs (bi_chunk only: conv outputs, g,
+beta). A bf16 state would be rounded at every decode token; the state stays fp32 in every mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.layout import SeqLayout
+from ..ops.gdn import CHUNK
+
+BLOCK_SIZE = 64  # multiple of the GDN chunk, so prefix-cache hits land on chunk boundaries
+
+
+class CacheStorage:
+    def __init__(self, cfg, max_slots: int, num_blocks: int, device="cpu", dtype=torch.float32):
+        self.max_slots, self.num_blocks = max_slots, num_blocks
+        self.gdn: dict[int, dict[str, torch.Tensor]] = {}
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+        conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
+        hv = cfg.linear_num_value_heads
+        for i, kind in enumerate(cfg.layer_types):
+            if kind == "linear_attention":
+                self.gdn[i] = {
+                    "conv": torch.zeros(max_slots, cfg.linear_conv_kernel_dim - 1, conv_dim, device=device, dtype=dtype),
+                    "ssm": torch.zeros(max_slots, hv, cfg.linear_key_head_dim, cfg.linear_value_head_dim, device=device, dtype=torch.float32),
+                    "buf_qkv": torch.zeros(max_slots, CHUNK, conv_dim, device=device, dtype=dtype),
+                    "buf_g": torch.zeros(max_slots, CHUNK, hv, device=device, dtype=torch.float32),
+                    "buf_beta": torch.zeros(max_slots, CHUNK, hv, device=device, dtype=torch.float32),
+                }
+            else:
+                shape = (num_blocks, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim)
+                self.k[i] = torch.zeros(shape, device=device, dtype=dtype)
+                self.v[i] = torch.zeros(shape, device=device, dtype=dtype)
+
+    def reset_slot(self, slot: int) -> None:
+        for state in self.gdn.values():
+            for t in state.values():
+                t[slot].zero_()
+
+    def snapshot(self, slot: int) -> dict[int, dict[str, torch.Tensor]]:
+        return {i: {n: t[slot].clone() for n, t in st.items()} for i, st in self.gdn.items()}
+
+    def restore(self, slot: int, snap: dict[int, dict[str, torch.Tensor]]) -> None:
+        for i, st in snap.items():
+            for n, t in st.items():
+                self.gdn[i][n][slot].copy_(t)
+
+    def memory_bytes(self) -> int:
+        ts = [t for st in self.gdn.values() for t in st.values()] + list(self.k.values()) + list(self.v.values())
+        return sum(t.numel() * t.element_size() for t in ts)
+
+
+class BlockAllocator:
+    """Free list with reference counts (a block shared by the prefix cache and several sequences)."""
+
+    def __init__(self, num_blocks: int):
+        self.free = list(range(num_blocks - 1, -1, -1))
+        self.ref = [0] * num_blocks
+
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def allocate(self) -> int:
+        if not self.free:
+            raise RuntimeError("out of KV blocks")
+        b = self.free.pop()
+        self.ref[b] = 1
+        return b
+
+    def incref(self, b: int) -> None:
+        self.ref[b] += 1
+
+    def decref(self, b: int) -> None:
+        self.ref[b] -= 1
+        if self.ref[b] == 0:
+            self.free.append(b)
+
+
+class BatchCacheView:
+    """The slice of CacheStorage for the B sequences of one forward call (implements models.layout.CacheView)."""
+
+    def __init__(self, storage: CacheStorage, slots: list[int], block_tables: list[list[int]], device="cpu"):
+        self.s = storage
+        self.slots = torch.tensor(slots, device=device)
+        width = max(1, max(len(t) for t in block_tables))
+        self.tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], device=device)
+
+    def gdn_state(self, layer_idx: int) -> dict[str, torch.Tensor]:
+        return {n: t[self.slots] for n, t in self.s.gdn[layer_idx].items()}
+
+    def set_gdn_state(self, layer_idx: int, state: dict[str, torch.Tensor]) -> None:
+        for n, t in state.items():
+            dst = self.s.gdn[layer_idx][n]
+            dst[self.slots] = t.detach().to(dst.dtype)
+
+    def write_kv(self, layer_idx, k, v, layout: SeqLayout) -> None:
+        seq = torch.repeat_interleave(torch.arange(layout.num_seqs, device=k.device), layout.lengths)
+        pos = layout.positions
+        blocks = self.tables[seq, pos // BLOCK_SIZE]
+        self.s.k[layer_idx][blocks, pos % BLOCK_SIZE] = k.detach().to(self.s.k[layer_idx].dtype)
+        self.s.v[layer_idx][blocks, pos % BLOCK_SIZE] = v.detach().to(self.s.v[layer_idx].dtype)
+
+    def read_kv(self, layer_idx, layout: SeqLayout):
+        ctx = layout.start_pos + layout.lengths
+        nb = (int(ctx.max()) + BLOCK_SIZE - 1) // BLOCK_SIZE
+        tab = self.tables[:, :nb]
+        k = self.s.k[layer_idx][tab].flatten(1, 2)  # [B, nb*64, Hkv, D]
+        v = self.s.v[layer_idx][tab].flatten(1, 2)
+        live = (torch.arange(k.shape[1], device=k.device)[None, :] < ctx[:, None])[..., None, None]
+        return torch.where(live, k, 0.0), torch.where(live, v, 0.0)

@@ -1,0 +1,77 @@
+"""Prefix cache for a hybrid model. Attention needs the KV blocks of the shared prefix; GDN layers need their
+state at the end of it. Entries are keyed by the hash chain of full 64-token blocks and hold the KV block id
+(shared, ref-counted) and a snapshot of every GDN layer's state at that block boundary. A hit restores the
+snapshot and skips the prefix's prefill; because boundaries are multiples of the GDN chunk, the resumed
+computation is the one a cold prefill would have done (bi / bi_chunk: bit for bit)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .cache import BLOCK_SIZE, BlockAllocator
+
+
+def block_hashes(tokens: list[int], n_blocks: int) -> list[int]:
+    out, h = [], 0
+    for i in range(n_blocks):
+        h = hash((h, tuple(tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])))
+        out.append(h)
+    return out
+
+
+@dataclass
+class Entry:
+    block: int
+    snapshot: dict
+
+
+class PrefixCache:
+    def __init__(self, allocator: BlockAllocator, max_entries: int):
+        self.alloc = allocator
+        self.max_entries = max_entries
+        self.entries: OrderedDict[int, Entry] = OrderedDict()
+        self.hits_tokens = 0
+        self.queries_tokens = 0
+
+    def lookup(self, tokens: list[int]) -> tuple[list[int], dict | None]:
+        """Longest cached prefix of whole blocks, leaving at least one token to compute (its logits are
+        needed). Returns (block ids, GDN snapshot at its end or None)."""
+        n = (len(tokens) - 1) // BLOCK_SIZE
+        blocks, snap = [], None
+        for h in block_hashes(tokens, n):
+            e = self.entries.get(h)
+            if e is None:
+                break
+            self.entries.move_to_end(h)
+            blocks.append(e.block)
+            snap = e.snapshot
+        self.queries_tokens += len(tokens)
+        self.hits_tokens += len(blocks) * BLOCK_SIZE
+        return blocks, snap
+
+    def insert(self, tokens: list[int], block_table: list[int], n_blocks: int, snapshot_fn) -> None:
+        """Register block n_blocks-1 of a sequence whose computed tokens just reached n_blocks * 64."""
+        h = block_hashes(tokens, n_blocks)[-1]
+        if h in self.entries:
+            return
+        block = block_table[n_blocks - 1]
+        self.alloc.incref(block)
+        self.entries[h] = Entry(block, snapshot_fn())
+        while len(self.entries) > self.max_entries:
+            self._evict_one()
+
+    def _evict_one(self) -> bool:
+        if not self.entries:
+            return False
+        _, e = self.entries.popitem(last=False)
+        self.alloc.decref(e.block)
+        return True
+
+    def evict_for_space(self, need: int) -> None:
+        while self.alloc.num_free() < need and self._evict_one():
+            pass
+
+    def clear(self) -> None:
+        while self._evict_one():
+            pass

@@ -1,0 +1,62 @@
+"""Sampling with per-request seeds. The returned logprob is the RAW (untempered, unfiltered) log p of the
+sampled token, through the same op the trainer uses (ops.logprob.token_logprobs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..ops.logprob import token_logprobs
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    keep_cache: bool = False  # keep the slot after finishing, so the caller can append tokens and continue
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        self.stop_token_ids = tuple(self.stop_token_ids)
+
+
+def filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Probabilities after temperature, top-k and top-p (one row, fp32)."""
+    x = logits.float() / p.temperature
+    if p.top_k and p.top_k < x.shape[-1]:
+        kth = torch.topk(x, p.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if p.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= p.top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum()
+    return probs
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator]):
+    """logits [R, V] fp32 -> (tokens [R] long, raw logprobs [R] fp32)."""
+    tokens = []
+    for row, p, g in zip(logits, params, gens):
+        if p.temperature == 0:
+            tokens.append(int(torch.argmax(row)))
+        else:
+            probs = filtered_probs(row, p)
+            tokens.append(int(torch.multinomial(probs.cpu(), 1, generator=g)))
+    tok = torch.tensor(tokens, device=logits.device)
+    return tok, token_logprobs(logits, tok)

@@ -1,0 +1,43 @@
+"""Which sequences run in the next forward and how many of their uncomputed tokens.
+
+Policy: every running sequence with exactly one uncomputed token (decode) runs; the remaining token budget
+goes to prefill work in admission order. A prefill piece stops at the last 64-token block boundary before
+the end of the known tokens (and, when the budget cuts it, at a boundary), so the prefix cache can snapshot
+the GDN state there: that boundary is the one a group of samples sharing the prompt reuses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cache import BLOCK_SIZE
+
+
+@dataclass
+class Work:
+    seq: object  # engine.Sequence
+    n_tokens: int
+
+
+def schedule(running: list, max_batched_tokens: int, max_seqs: int) -> list[Work]:
+    work: list[Work] = []
+    budget = max_batched_tokens
+    pending = [s for s in running if s.num_uncomputed > 0]
+    for s in pending:
+        if s.num_uncomputed == 1 and len(work) < max_seqs:
+            work.append(Work(s, 1))
+            budget -= 1
+    for s in pending:
+        if s.num_uncomputed == 1 or len(work) >= max_seqs or budget <= 0:
+            continue
+        n = min(s.num_uncomputed, budget)
+        if n < s.num_uncomputed:  # cut by the budget: stop at a block boundary
+            end = (s.num_computed + n) // BLOCK_SIZE * BLOCK_SIZE
+            if end <= s.num_computed:
+                continue
+            n = end - s.num_computed
+        last_boundary = (s.num_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+        if s.num_computed < last_boundary < s.num_computed + n:
+            n = last_boundary - s.num_computed
+        work.append(Work(s, n))
+        budget -= n
+    return work

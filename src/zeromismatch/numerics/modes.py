@@ -1,0 +1,59 @@
+"""Numerics modes: each is one coherent set of choices for trainer AND generator.
+
+| mode     | GDN trainer fwd / bwd     | GDN generator prefill / decode           | linear, acts, attention   |
+|----------|---------------------------|------------------------------------------|---------------------------|
+| stock    | chunked / chunked         | chunked / recurrent step                 | plain torch, SDPA         |
+| bi       | recurrent / chunked (op)  | recurrent / recurrent step               | batch-invariant, blocked  |
+| bi_chunk | chunked / chunked         | chunked, aligned to 64-token boundaries  | batch-invariant, blocked  |
+|          |                           | from the sequence start; decode recomputes|                          |
+|          |                           | the open chunk from the boundary state   |                           |
+
+`bi` is the published method. `bi_chunk` is ours: the trainer keeps the fast chunked forward and the
+generator decodes chunk-consistently, so parity costs the trainer nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import invariant
+from ..ops.attention import blocked_attention, sdpa_attention
+
+MODES = ("stock", "bi", "bi_chunk")
+
+
+@dataclass(frozen=True)
+class Numerics:
+    name: str
+    gdn_form: str  # "chunk" | "recurrent" | "aligned_chunk"
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    silu: Callable[[torch.Tensor], torch.Tensor]
+    sigmoid: Callable[[torch.Tensor], torch.Tensor]
+    softplus: Callable[[torch.Tensor], torch.Tensor]
+    attention: Callable[..., torch.Tensor]
+
+    @property
+    def invariant(self) -> bool:
+        return self.name != "stock"
+
+
+def get_numerics(name: str | Numerics) -> Numerics:
+    if isinstance(name, Numerics):
+        return name
+    if name == "stock":
+        return Numerics("stock", "chunk", F.linear, F.silu, torch.sigmoid, F.softplus, sdpa_attention)
+    if name in ("bi", "bi_chunk"):
+        return Numerics(
+            name,
+            "recurrent" if name == "bi" else "aligned_chunk",
+            invariant.linear,
+            invariant.silu,
+            invariant.sigmoid,
+            invariant.softplus,
+            blocked_attention,
+        )
+    raise ValueError(f"numerics must be one of {MODES}, got {name!r}")

@@ -1,0 +1,3 @@
+from .reference import BLOCK, blocked_attention, sdpa_attention
+
+__all__ = ["BLOCK", "blocked_attention", "sdpa_attention"]

@@ -1,0 +1,195 @@
+"""Gated delta rule, plain torch, fp32 state. The math (per value head, state S is K x V):
+
+    S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T,      o_t = S_t^T q_t
+
+with q, k l2-normalized and q scaled by 1/sqrt(K). Two forms compute it:
+
+- recurrent: one token at a time (`recurrent_step`). The generator's decode step and the `bi` trainer
+  forward call the very same step function, so they agree bit for bit.
+- chunked (chunk C = 64): inside a chunk, with G = cumsum(g), A[t,i] = beta_t exp(G_t - G_i) k_t.k_i (i < t),
+  T = (I + A)^-1, U = T (beta V) - T (beta exp(G) K) S_0 ; O = exp(G) Q S_0 + (exp(G_t - G_i) q_t.k_i)_{i<=t} U;
+  S_C = exp(G_C) S_0 + (exp(G_C - G) K)^T U. Row t of a chunk only reads rows <= t (masked entries are
+  exact zeros), and every matmul has the fixed per-chunk shape, so a chunk computed with rows > t missing
+  (zero-padded) gives the same row t: the basis of `bi_chunk` decoding.
+
+Internal layout: [B, HV, T, D] fp32, q/k already normalized and expanded to the value heads (`prepare_qk`).
+Public wrappers take FLA's layout [B, T, H, D] with optional packed sequences (cu_seqlens).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 64
+
+
+def prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T, H, K] raw q, k -> [B, HV, T, K] fp32, l2-normalized (eps 1e-6 inside the rsqrt), q scaled.
+    Value head hv reads key head hv // (HV / H)."""
+    q, k = q.float(), k.float()
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q = q * (q.shape[-1] ** -0.5)
+    rep = num_v_heads // q.shape[2]
+    if rep > 1:
+        q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
+    return q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+
+
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    """[B, T, HV, ...] -> [B, HV, T, ...] fp32 contiguous."""
+    return x.float().transpose(1, 2).contiguous()
+
+
+# ----------------------------------------------------------------------------------------------- recurrent
+
+
+def recurrent_step(state, q, k, v, g, beta):
+    """One token for a batch of (sequence, head) rows. state [B, HV, K, V]; q, k [B, HV, K]; v [B, HV, V];
+    g, beta [B, HV]. Returns (o [B, HV, V], new state). Every op is elementwise or a fixed-length reduction,
+    so a row's result does not depend on the other rows."""
+    state = state * torch.exp(g)[..., None, None]
+    kv_mem = (state * k[..., :, None]).sum(-2)
+    delta = (v - kv_mem) * beta[..., None]
+    state = state + k[..., :, None] * delta[..., None, :]
+    return (state * q[..., :, None]).sum(-2), state
+
+
+def recurrent_fwd(q, k, v, g, beta, state, lengths=None):
+    """q, k [B, HV, T, K]; v [B, HV, T, V]; g, beta [B, HV, T]; state [B, HV, K, V] fp32 (required: a zero
+    state at a sequence start, so every call takes the same path). lengths [B]: rows stop updating after
+    their last valid token (right padding). Returns (o [B, HV, T, V], final state)."""
+    t_max = q.shape[2]
+    outs = []
+    for t in range(t_max):
+        o, new_state = recurrent_step(state, q[:, :, t], k[:, :, t], v[:, :, t], g[:, :, t], beta[:, :, t])
+        if lengths is not None:
+            live = (lengths > t).view(-1, 1, 1, 1)
+            new_state = torch.where(live, new_state, state)
+        state = new_state
+        outs.append(o)
+    o = torch.stack(outs, dim=2) if outs else v.new_zeros(v.shape)
+    return o, state
+
+
+# ------------------------------------------------------------------------------------------------- chunked
+
+
+def chunk_fwd(q, k, v, g, beta, state):
+    """Chunked form over whole chunks. q, k [B, HV, T, K]; v [B, HV, T, V]; g, beta [B, HV, T] with T a
+    multiple of CHUNK (callers zero-pad: zero rows are inert); state [B, HV, K, V] fp32.
+    Returns (o [B, HV, T, V], states [B, HV, n_chunks + 1, K, V]: the state at every chunk boundary)."""
+    b, h, t, dk = q.shape
+    dv = v.shape[-1]
+    assert t % CHUNK == 0, f"chunk_fwd needs T % {CHUNK} == 0, got {t}"
+    n = t // CHUNK
+    q, k = q.view(b, h, n, CHUNK, dk), k.view(b, h, n, CHUNK, dk)
+    v = v.view(b, h, n, CHUNK, dv)
+    g, beta = g.view(b, h, n, CHUNK), beta.view(b, h, n, CHUNK)
+
+    G = g.cumsum(-1)  # [b, h, n, C] log decay from the chunk start
+    ones = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device)
+    strict = ones.tril(-1)
+    causal = ones.tril(0)
+    diff = G[..., :, None] - G[..., None, :]  # G_t - G_i
+    decay_causal = torch.exp(diff.masked_fill(~causal, float("-inf")))  # 0 above the diagonal
+
+    kb = k * beta[..., None]
+    A = (kb @ k.transpose(-1, -2)) * decay_causal
+    A = A.masked_fill(~strict, 0.0)
+    eye = torch.eye(CHUNK, dtype=q.dtype, device=q.device)
+    # T = (I + A)^-1 applied by a unit-lower-triangular solve (row t only reads rows <= t)
+    u0 = torch.linalg.solve_triangular(eye + A, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(eye + A, kb * torch.exp(G)[..., None], upper=False, unitriangular=True)
+    qk = (q @ k.transpose(-1, -2)) * decay_causal
+    q_dec = q * torch.exp(G)[..., None]
+    k_dec = k * torch.exp(G[..., -1:] - G)[..., None]
+    g_last = torch.exp(G[..., -1])[..., None, None]
+
+    outs, states = [], [state]
+    for c in range(n):
+        u = u0[:, :, c] - w[:, :, c] @ state
+        outs.append(q_dec[:, :, c] @ state + qk[:, :, c] @ u)
+        state = state * g_last[:, :, c] + k_dec[:, :, c].transpose(-1, -2) @ u
+        states.append(state)
+    return torch.stack(outs, dim=2).view(b, h, t, dv), torch.stack(states, dim=2)
+
+
+# ------------------------------------------------------------------------------------ public varlen wrappers
+
+
+def _unpack(x: torch.Tensor, cu_seqlens: torch.Tensor | None, multiple: int = 1):
+    """[1, N, ...] packed -> [B, T_pad, ...] right-padded with zeros (T_pad a multiple of `multiple`)."""
+    if cu_seqlens is None:
+        t = x.shape[1]
+        pad = (-t) % multiple
+        return (F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) if pad else x), None
+    cu = cu_seqlens.tolist()
+    lens = [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
+    t = max(lens) if lens else 0
+    t += (-t) % multiple
+    out = x.new_zeros(len(lens), t, *x.shape[2:])
+    for i, n in enumerate(lens):
+        out[i, :n] = x[0, cu[i] : cu[i] + n]
+    return out, torch.tensor(lens, device=x.device)
+
+
+def _repack(o: torch.Tensor, cu_seqlens: torch.Tensor | None, t: int) -> torch.Tensor:
+    if cu_seqlens is None:
+        return o[:, :t]
+    cu = cu_seqlens.tolist()
+    return torch.cat([o[i, : cu[i + 1] - cu[i]] for i in range(len(cu) - 1)], dim=0).unsqueeze(0)
+
+
+def _prep(q, k, v, g, beta, cu_seqlens, multiple):
+    num_v_heads = v.shape[2]
+    (q, lengths), (k, _), (v, _) = (_unpack(x, cu_seqlens, multiple) for x in (q, k, v))
+    (g, _), (beta, _) = (_unpack(x, cu_seqlens, multiple) for x in (g, beta))
+    q, k = prepare_qk(q, k, num_v_heads)
+    return q, k, _heads_first(v), _heads_first(g), _heads_first(beta), lengths
+
+
+def _initial(initial_state, b, h, dk, dv, like):
+    if initial_state is None:
+        return like.new_zeros(b, h, dk, dv, dtype=torch.float32)
+    return initial_state.float()
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=None, cu_seqlens=None):
+    """FLA-style API. q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; with cu_seqlens, B == 1 and the
+    sequences are packed. initial_state [n_seq, HV, K, V]. Returns (o like v in fp32, final_state fp32)."""
+    t = q.shape[1]
+    q, k, v, g, beta, lengths = _prep(q, k, v, g, beta, cu_seqlens, 1)
+    state = _initial(initial_state, q.shape[0], q.shape[1], q.shape[-1], v.shape[-1], v)
+    o, state = recurrent_fwd(q, k, v, g, beta, state, lengths)
+    return _repack(o.transpose(1, 2), cu_seqlens, t), state
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, cu_seqlens=None):
+    """Same API as `recurrent_gated_delta_rule`, chunked form (chunks aligned to each sequence start)."""
+    t = q.shape[1]
+    q, k, v, g, beta, lengths = _prep(q, k, v, g, beta, cu_seqlens, CHUNK)
+    state = _initial(initial_state, q.shape[0], q.shape[1], q.shape[-1], v.shape[-1], v)
+    o, states = chunk_fwd(q, k, v, g, beta, state)
+    if lengths is None:
+        lengths = torch.full((q.shape[0],), t, device=q.device)
+    final = chunk_final_states(q, k, v, g, beta, states, lengths)
+    return _repack(o.transpose(1, 2), cu_seqlens, t), final
+
+
+def chunk_final_states(q, k, v, g, beta, states, lengths):
+    """State after each row's last valid token: the boundary state of its last full chunk, advanced over the
+    leftover tokens with the chunked form on one zero-padded chunk."""
+    finals = []
+    for i, n in enumerate(lengths.tolist()):
+        c, r = divmod(n, CHUNK)
+        s = states[i : i + 1, :, c]
+        if r:
+            sl = slice(c * CHUNK, c * CHUNK + r)
+            pad = lambda x: F.pad(x[i : i + 1, :, sl], (0, 0, 0, CHUNK - r) if x.dim() == 4 else (0, CHUNK - r))
+            _, st = chunk_fwd(pad(q), pad(k), pad(v), pad(g), pad(beta), s)
+            # zero-padded rows (g = 0, beta = 0, k = 0) leave the state unchanged
+            s = st[:, :, 1]
+        finals.append(s)
+    return torch.cat(finals, dim=0)
