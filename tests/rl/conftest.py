@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -22,7 +22,13 @@ def build_sample(
     """prompt (2 tokens), then per turn `tokens_per_turn` generated tokens, with one tool token between
     turns. Generated tokens are trained (mask 1) and, unless token_versions (one per generated token) is
     given, carry their turn's admission version."""
-    ids, mask, lps, vers, turns = list(PROMPT), [0] * len(PROMPT), [math.nan] * len(PROMPT), [-1] * len(PROMPT), []
+    ids, mask, lps, vers, turns = (
+        list(PROMPT),
+        [0] * len(PROMPT),
+        [math.nan] * len(PROMPT),
+        [-1] * len(PROMPT),
+        [],
+    )
     k = 0
     for i, v in enumerate(turn_versions):
         toks = [10 + k + j for j in range(tokens_per_turn)]

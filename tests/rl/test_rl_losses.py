@@ -11,7 +11,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from zeromismatch.rl.losses import DAPO, DPPO, GRPO, LossConfig, policy_loss
+from zeromismatch.rl.losses import (
+    DAPO,
+    DPPO,
+    GRPO,
+    ICEPOP_BOUNDS,
+    TIS_CAP,
+    LossConfig,
+    loss_config,
+    policy_loss,
+)
 from zeromismatch.rl.masking import count_valid_tokens
 
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -32,7 +41,13 @@ def run(trainer, gen, adv, mask=None, *, config, global_valid_tokens=None, proxi
     if global_valid_tokens is None:
         global_valid_tokens = count_valid_tokens(mask, gen)
     loss, stats = policy_loss(
-        trainer, gen, adv, mask, global_valid_tokens=global_valid_tokens, config=config, proximal_logprobs=proximal
+        trainer,
+        gen,
+        adv,
+        mask,
+        global_valid_tokens=global_valid_tokens,
+        config=config,
+        proximal_logprobs=proximal,
     )
     loss.backward()
     return loss, stats, trainer.grad
@@ -73,16 +88,17 @@ def test_grpo_symmetric_clip():
 def test_nonfinite_gen_logprobs_leave_numerator_and_denominator():
     # The DAPO case plus: gen NaN, gen -inf, gen +inf (all in the loss mask) and one finite token
     # outside the loss mask with a huge advantage. Only the 5 original tokens are valid.
-    gen = torch.cat([GEN5, torch.tensor([math.nan, -math.inf, math.inf, -1.0])])
-    trainer = torch.cat([TRAINER5, torch.tensor([-1.0, -1.0, -1.0, 5.0])])
-    adv = ADV5 + [1.0, 1.0, 1.0, 100.0]
-    mask = [1] * 8 + [0]
+    # A padding position (mask 0, NaN everywhere) must not leak NaN into the gradient either.
+    gen = torch.cat([GEN5, torch.tensor([math.nan, -math.inf, math.inf, -1.0, math.nan])])
+    trainer = torch.cat([TRAINER5, torch.tensor([-1.0, -1.0, -1.0, 5.0, math.nan])])
+    adv = ADV5 + [1.0, 1.0, 1.0, 100.0, math.nan]
+    mask = [1] * 8 + [0, 0]
     assert int(count_valid_tokens(torch.tensor(mask), gen)) == 5
     loss, stats, grad = run(trainer, gen, adv, mask, config=DAPO)
-    torch.testing.assert_close(loss, torch.tensor(-0.146), **TOL)  # -0.73 / 5, not / 8 or / 9
+    torch.testing.assert_close(loss, torch.tensor(-0.146), **TOL)  # -0.73 / 5, not / 8 or / 10
     assert int(stats["valid_tokens"]) == 5
     assert torch.isfinite(grad).all()
-    assert torch.equal(grad[5:], torch.zeros(4))
+    assert torch.equal(grad[5:], torch.zeros(5))
     torch.testing.assert_close(grad[:5], torch.tensor([0.0, -0.1, 0.0, 0.3, -0.25]), **TOL)
 
 
@@ -91,7 +107,10 @@ def test_global_valid_tokens_is_the_divisor():
     loss, stats, grad = run(TRAINER5, GEN5, ADV5, config=DAPO, global_valid_tokens=torch.tensor(20))
     torch.testing.assert_close(loss, torch.tensor(-0.73 / 20), **TOL)
     torch.testing.assert_close(grad, torch.tensor([0.0, -0.1, 0.0, 0.3, -0.25]) / 4, **TOL)
-    torch.testing.assert_close(stats["clip_frac"], torch.tensor(2 / 20), **TOL)  # partial mean
+    torch.testing.assert_close(stats["clip_frac"], torch.tensor(2 / 20), **TOL)  # partial means
+    torch.testing.assert_close(stats["ratio_mean"], torch.tensor(5.25 / 20), **TOL)
+    _, stats, _ = run(TRAINER5, GEN5, ADV5, config=replace(DAPO, icepop=(0.6, 1.4)), global_valid_tokens=20)
+    torch.testing.assert_close(stats["masked_frac"], torch.tensor(4 / 20), **TOL)  # r 1.5, 0.5, 0.5, 1.5
 
 
 def test_no_valid_tokens_gives_zero_loss_and_zero_grad():
@@ -102,7 +121,7 @@ def test_no_valid_tokens_gives_zero_loss_and_zero_grad():
 
 def test_log_ratio_clamp():
     # log ratios +15, -15, +2. DPPO (unclipped) shows the clamped ratio directly:
-    #   +15 -> e^10, A=-1: loss +e^10      (p_gen ~1e-7 < p_trainer: A<0 mask needs p_gen - p_trainer > 0.1: no)
+    #   +15 -> e^10, A=-1: loss +e^10      (A<0 mask needs p_gen - p_trainer > 0.1; p_gen ~1e-7: no)
     #   -15 -> e^-10, A=+1: loss -e^-10    (A>0 mask needs p_trainer - p_gen > 0.1: no)
     #   +2  -> e^2,  A=-1: loss +e^2       (not clamped)
     # Clamped tokens get zero gradient; the unclamped one gets -A r / 3 = e^2 / 3.
@@ -156,7 +175,9 @@ def test_tis_on_behaviour_vs_proximal_ratio():
     gen = lp([0.25, 0.5, 0.6])
     prox = leaf(lp([0.75, 0.75, 0.3]))  # requires grad: TIS weights must be detached
     trainer = lp([0.75, 0.825, 0.45])
-    loss, stats, grad = run(trainer, gen, [1.0, 1.0, 1.0], config=replace(DAPO, tis_cap=2.0), proximal=prox)
+    loss, stats, grad = run(
+        trainer, gen, [1.0, 1.0, 1.0], config=replace(DAPO, tis_cap=TIS_CAP), proximal=prox
+    )
     torch.testing.assert_close(loss, torch.tensor(-4.29 / 3), **TOL)
     torch.testing.assert_close(grad, torch.tensor([-2.0, -1.65, 0.0]) / 3, **TOL)
     torch.testing.assert_close(stats["tis_weight_mean"], torch.tensor(4 / 3), **TOL)
@@ -180,7 +201,7 @@ def test_icepop_masks_ratios_outside_bounds():
     gen = lp([0.1] * 4)
     trainer = lp([0.04, 0.1, 0.4, 0.6])
     adv = [1.0, 1.0, -1.0, -1.0]
-    loss, stats, grad = run(trainer, gen, adv, config=replace(DAPO, icepop=(0.5, 5.0)))
+    loss, stats, grad = run(trainer, gen, adv, config=replace(DAPO, icepop=ICEPOP_BOUNDS))
     torch.testing.assert_close(loss, torch.tensor((-1.0 + 4.0) / 4), **TOL)
     torch.testing.assert_close(stats["masked_frac"], torch.tensor(0.5), **TOL)
     torch.testing.assert_close(grad, torch.tensor([0.0, -1.0, 4.0, 0.0]) / 4, **TOL)
@@ -192,7 +213,9 @@ def test_icepop_uses_the_mismatch_ratio_when_proximal_given():
     # trainer == proximal (ratio 1); proximal/gen = 0.4, 2.0, 6.0 -> first and last masked.
     gen = lp([0.5, 0.2, 0.1])
     prox = lp([0.2, 0.4, 0.6])
-    loss, stats, _ = run(prox, gen, [1.0, 1.0, 1.0], config=replace(DAPO, icepop=(0.5, 5.0)), proximal=prox)
+    loss, stats, _ = run(
+        prox, gen, [1.0, 1.0, 1.0], config=replace(DAPO, icepop=ICEPOP_BOUNDS), proximal=prox
+    )
     torch.testing.assert_close(loss, torch.tensor(-1.0 / 3), **TOL)
     torch.testing.assert_close(stats["masked_frac"], torch.tensor(2 / 3), **TOL)
 
@@ -213,3 +236,12 @@ def test_shape_agnostic_and_validation():
         policy_loss(leaf(TRAINER5), GEN5[:4], torch.zeros(5), torch.ones(5), global_valid_tokens=5)
     with pytest.raises(ValueError):
         LossConfig(kind="ppo")
+
+
+def test_presets_by_name():
+    assert loss_config("dapo") == DAPO and (DAPO.clip_low, DAPO.clip_high) == (0.2, 0.28)
+    assert (GRPO.clip_low, GRPO.clip_high) == (0.2, 0.2) and DPPO.dppo_delta == 0.1
+    cfg = loss_config("grpo", icepop=[0.5, 5.0], tis_cap=2.0)  # yaml lists become tuples
+    assert cfg.icepop == (0.5, 5.0) and cfg.tis_cap == 2.0 and cfg.kind == "ppo_clip"
+    with pytest.raises(ValueError):
+        loss_config("ppo")

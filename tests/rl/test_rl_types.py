@@ -28,6 +28,10 @@ def test_sample_converts_lists_to_exact_dtypes():
 
 
 def test_sample_refuses_silent_float_casts():
+    s = Sample(**_kwargs(loss_mask=torch.tensor([False, False, True, True])))  # lossless: accepted
+    assert s.loss_mask.dtype == torch.int64 and s.num_trained_tokens == 2
+    with pytest.raises(TypeError):
+        Sample(**_kwargs(token_ids=torch.tensor([1.0, 2.0, 3.0, 4.0])))
     with pytest.raises(TypeError):
         Sample(**_kwargs(gen_logprobs=torch.tensor([0.0, 0.0, -0.5, -1.0], dtype=torch.float64)))
 

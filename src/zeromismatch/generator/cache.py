@@ -93,6 +93,11 @@ class BatchCacheView:
     def gdn_state(self, layer_idx: int) -> dict[str, torch.Tensor]:
         return {n: t[self.slots] for n, t in self.s.gdn[layer_idx].items()}
 
+    def ssm_inplace(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the layer's whole fp32 [slots, HV, K, V] state tensor, this batch's slot indices): for kernels that
+        read and update the states in place (the GPU recurrent GDN) instead of gather + scatter."""
+        return self.s.gdn[layer_idx]["ssm"], self.slots
+
     def set_gdn_state(self, layer_idx: int, state: dict[str, torch.Tensor]) -> None:
         for n, t in state.items():
             dst = self.s.gdn[layer_idx][n]

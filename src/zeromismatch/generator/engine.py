@@ -96,6 +96,8 @@ class Engine:
         self.running: list[Sequence] = []
         self.parked: dict[int, Sequence] = {}  # finished with keep_cache: slot kept for a next turn
         self._ids = itertools.count()
+        # audit hook: tap(name, activation [N, ...], layout, request_ids) for every forward (jobs/parity.py)
+        self.tap = None
         self.stats = {"steps": 0, "forward_s": 0.0, "tokens_computed": 0, "tokens_generated": 0, "prefix_hit_tokens": 0}
 
     # ------------------------------------------------------------------------------------- requests
@@ -154,6 +156,10 @@ class Engine:
                 rows.append(cu[-1] - 1)
                 to_sample.append(s)
         view = BatchCacheView(self.storage, [w.seq.slot for w in work], [w.seq.block_table for w in work], self.device)
+        tap = None
+        if self.tap is not None:
+            rids = [w.seq.request_id for w in work]
+            tap = lambda name, x, lay: self.tap(name, x, lay, rids)
         t0 = time.perf_counter()
         with torch.no_grad():
             logits = self.model(
@@ -162,6 +168,7 @@ class Engine:
                 start_pos=torch.tensor(start, device=self.device),
                 cache=view,
                 logits_rows=torch.tensor(rows, device=self.device, dtype=torch.long),
+                tap=tap,
             )
             tokens, logprobs = sample(logits, [s.params for s in to_sample], [s.gen for s in to_sample])
         self.stats["forward_s"] += time.perf_counter() - t0

@@ -74,9 +74,9 @@ class CacheView(Protocol):
 class ForwardContext:
     layout: SeqLayout
     cache: CacheView | None = None
-    # audit hook: called with (name, packed activation [N, ...]) at fixed points of the forward
-    tap: Callable[[str, torch.Tensor], None] | None = None
+    # audit hook: called with (name, packed activation [N, ...], layout) at fixed points of the forward
+    tap: Callable[[str, torch.Tensor, SeqLayout], None] | None = None
 
     def record(self, name: str, x: torch.Tensor) -> None:
         if self.tap is not None:
-            self.tap(name, x)
+            self.tap(name, x, self.layout)

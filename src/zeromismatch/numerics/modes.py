@@ -10,6 +10,11 @@
 
 `bi` is the published method. `bi_chunk` is ours: the trainer keeps the fast chunked forward and the
 generator decodes chunk-consistently, so parity costs the trainer nothing.
+
+Device dispatch: the invariant modes' callables branch on `x.is_cuda`. On CPU they are the plain-torch
+formulations of ops/invariant.py, unchanged; on CUDA they run kernels/ (Triton GEMM with a fixed K order,
+batch-count-invariant bmm for the blocked attention). Row reductions, the chunked GDN and the recurrent GDN
+dispatch by device inside the model / ops (kernels/__init__.py says why).
 """
 
 from __future__ import annotations
@@ -20,10 +25,27 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..kernels import on_gpu
 from ..ops import invariant
 from ..ops.attention import blocked_attention, sdpa_attention
 
 MODES = ("stock", "bi", "bi_chunk")
+
+
+def _bi_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if on_gpu(x):
+        from ..kernels.gemm import linear as cuda_linear
+
+        return cuda_linear(x, weight)
+    return invariant.linear(x, weight)
+
+
+def _bi_attention(q, k, v, q_pos, scale):
+    if on_gpu(q):
+        from ..kernels.bmm import bmm
+
+        return blocked_attention(q, k, v, q_pos, scale, matmul=bmm)
+    return blocked_attention(q, k, v, q_pos, scale)
 
 
 @dataclass(frozen=True)
@@ -50,10 +72,10 @@ def get_numerics(name: str | Numerics) -> Numerics:
         return Numerics(
             name,
             "recurrent" if name == "bi" else "aligned_chunk",
-            invariant.linear,
+            _bi_linear,
             invariant.silu,
             invariant.sigmoid,
             invariant.softplus,
-            blocked_attention,
+            _bi_attention,
         )
     raise ValueError(f"numerics must be one of {MODES}, got {name!r}")

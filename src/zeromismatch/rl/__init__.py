@@ -4,7 +4,7 @@ Plain torch, no model or process-group dependencies, so every rule here is unit-
 """
 
 from .advantages import GroupFilterCounts, broadcast_to_tokens, compute_group_advantages, group_advantages
-from .losses import DAPO, DPPO, GRPO, LossConfig, policy_loss
+from .losses import DAPO, DPPO, GRPO, LossConfig, loss_config, policy_loss
 from .masking import count_valid_tokens, valid_token_mask
 from .metrics import (
     MAX_REDUCED_KEYS,
@@ -28,6 +28,7 @@ __all__ = [
     "DAPO",
     "GRPO",
     "DPPO",
+    "loss_config",
     "policy_loss",
     "valid_token_mask",
     "count_valid_tokens",

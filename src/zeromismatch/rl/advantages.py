@@ -6,8 +6,8 @@ rewards are all equal (all correct / all wrong); Search-R1 divides by the group 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -22,7 +22,9 @@ __all__ = [
 ]
 
 
-def group_advantages(rewards: torch.Tensor, *, normalize_std: bool = False, eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, *, normalize_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
     """Advantages of one group's samples: r - mean(r), optionally divided by (std(r) + eps).
 
     std is the unbiased (Bessel-corrected) sample std, as torch.std and the GRPO implementations that
@@ -44,8 +46,8 @@ def has_zero_spread(rewards: torch.Tensor) -> bool:
     """True iff all rewards are equal (max == min).
 
     Tested on the rewards, not on the advantages: the fp32 mean of n equal values need not equal the
-    value exactly (e.g. 0.1 * 3 / 3), so "all advantages are 0" is not a reliable test. A group of one
-    sample has zero spread by this definition (its advantage is 0: nothing to learn).
+    value exactly (six rewards of 0.01 do not), so "all advantages are 0" is not a reliable test.
+    A group of one sample has zero spread by this definition (its advantage is 0: nothing to learn).
     """
     return bool(rewards.max() == rewards.min())
 
@@ -110,7 +112,9 @@ def compute_group_advantages(
     return kept, advs, counts
 
 
-def broadcast_to_tokens(sample_advantages: torch.Tensor, seq_lens: torch.Tensor | Sequence[int]) -> torch.Tensor:
+def broadcast_to_tokens(
+    sample_advantages: torch.Tensor, seq_lens: torch.Tensor | Sequence[int]
+) -> torch.Tensor:
     """Repeat each sample's advantage over its tokens, for a packed (flat) batch.
 
     seq_lens[i] = number of tokens of sample i in the packed layout; the loss mask decides which of

@@ -19,7 +19,8 @@ Common rules (NOTES 4-6):
   wrapper averages gradients over ranks (FSDP's default), scale the loss by the world size.
 
 Invalid tokens are replaced by harmless values BEFORE any exp (not only masked after): the backward of
-where/multiply sends 0 * inf = NaN into the gradient if a masked branch ever held inf or NaN.
+exp/multiply computes 0 * inf = NaN for a masked-out token whose forward held inf or NaN. (The log-ratio
+clamp happens to block such NaNs too, as clamp's backward zeroes NaN inputs; we do not rely on that.)
 
 Stats are detached 0-dim tensors normalized by the same denominator (partial means, see masking.py):
   clip_frac    valid tokens whose PPO clip is active (their gradient is zero)
@@ -30,21 +31,31 @@ Stats are detached 0-dim tensors normalized by the same denominator (partial mea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 
 from .masking import denominator, valid_token_mask
 
-__all__ = ["LossConfig", "DAPO", "GRPO", "DPPO", "TIS_CAP", "ICEPOP_BOUNDS", "policy_loss"]
+__all__ = [
+    "LossConfig",
+    "DAPO",
+    "GRPO",
+    "DPPO",
+    "PRESETS",
+    "TIS_CAP",
+    "ICEPOP_BOUNDS",
+    "loss_config",
+    "policy_loss",
+]
 
 LossKind = Literal["ppo_clip", "dppo"]
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Loss recipe. Use the presets DAPO / GRPO / DPPO and `dataclasses.replace` for options.
+    """Loss recipe. Use the presets (DAPO, GRPO, DPPO or loss_config(name, **overrides)).
 
     kind:            "ppo_clip": max(-A*r, -A*clip(r, 1-clip_low, 1+clip_high)); "dppo": -A*r unclipped
                      with the probability-difference trust mask.
@@ -67,6 +78,10 @@ class LossConfig:
     log_ratio_clamp: float = 10.0
 
     def __post_init__(self) -> None:
+        if self.icepop is not None:  # configs deliver [low, high] lists
+            object.__setattr__(self, "icepop", tuple(float(x) for x in self.icepop))
+            if len(self.icepop) != 2:
+                raise ValueError("icepop must be (low, high)")
         if self.kind not in ("ppo_clip", "dppo"):
             raise ValueError(f"unknown loss kind {self.kind!r}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
@@ -84,6 +99,14 @@ GRPO = LossConfig(kind="ppo_clip", clip_low=0.2, clip_high=0.2)
 DPPO = LossConfig(kind="dppo", dppo_delta=0.1)
 TIS_CAP = 2.0
 ICEPOP_BOUNDS = (0.5, 5.0)
+PRESETS = {"dapo": DAPO, "grpo": GRPO, "dppo": DPPO}
+
+
+def loss_config(name: str, **overrides) -> LossConfig:
+    """Preset by name (the `rl.loss` config key) with field overrides: loss_config("dapo", tis_cap=2.0)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown loss {name!r}; choose from {sorted(PRESETS)}")
+    return replace(PRESETS[name], **overrides)
 
 
 def policy_loss(
@@ -123,7 +146,9 @@ def policy_loss(
     logp = torch.where(valid, trainer_logprobs.to(f32), zero)
     gen = torch.where(valid, gen_logprobs.detach().to(f32), zero)
     adv = torch.where(valid, advantages.detach().to(f32), zero)
-    anchor = gen if proximal_logprobs is None else torch.where(valid, proximal_logprobs.detach().to(f32), zero)
+    anchor = (
+        gen if proximal_logprobs is None else torch.where(valid, proximal_logprobs.detach().to(f32), zero)
+    )
 
     c = config.log_ratio_clamp
     ratio = torch.exp((logp - anchor).clamp(-c, c))
@@ -141,8 +166,8 @@ def policy_loss(
         unclipped = -adv * ratio
         clipped = -adv * ratio.clamp(1 - config.clip_low, 1 + config.clip_high)
         # PPO's max(): the clipped branch wins only when it is strictly larger; its ratio is constant
-        # there, so such tokens get zero gradient. Using where (not torch.maximum) keeps the tie case
-        # (ratio inside the range) on the unclipped branch with its full gradient, explicitly.
+        # there, so such tokens get zero gradient. Same value and gradient as torch.maximum, but the
+        # selection is explicit and is what clip_frac counts.
         clip_active = clipped > unclipped
         per_token = torch.where(clip_active, clipped, unclipped)
     else:  # dppo

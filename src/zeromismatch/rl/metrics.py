@@ -19,7 +19,7 @@ Neither is clamped: a huge k3 is a real symptom and should show in the logs.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -144,7 +144,7 @@ def mismatch_decomposition(
 
     out: dict[str, torch.Tensor] = {}
     parts = decompose_logprob_diff(trainer_logprobs, trainer_logprobs_at_gen_version, gen_logprobs)
-    for name, d in zip(("", "precision_", "staleness_"), parts):
+    for name, d in zip(("", "precision_", "staleness_"), parts, strict=True):
         d = torch.where(valid, d, zero)
         out[f"{_P}{name}abs_mean"] = d.abs().sum() / n
         out[f"{_P}{name}mean"] = d.sum() / n
@@ -196,12 +196,18 @@ def policy_age_metrics(groups: Sequence[Group], consumer_version: int) -> dict[s
         for s in g.samples:
             sample_ages.append(consumer_version - s.min_admission_version)
             trained = s.loss_mask.bool()
-            token_age_sum += int((consumer_version - s.gen_version[trained]).sum())
+            token_ages = consumer_version - s.gen_version[trained]
+            # Weights newer than the consumer cannot exist yet: a negative age is a stamping bug.
+            if sample_ages[-1] < 0 or bool((token_ages < 0).any()):
+                raise ValueError(f"group {g.prompt_id!r} has versions newer than consumer {consumer_version}")
+            token_age_sum += int(token_ages.sum())
             token_count += int(trained.sum())
-    if any(a < 0 for a in sample_ages):
-        raise ValueError("a sample was admitted under weights newer than the consumer version")
     if not sample_ages:
-        return {"train_batch/policy_age": 0.0, "train_batch/policy_age_max": 0.0, "train_batch/policy_age_token_mean": 0.0}
+        return {
+            "train_batch/policy_age": 0.0,
+            "train_batch/policy_age_max": 0.0,
+            "train_batch/policy_age_token_mean": 0.0,
+        }
     return {
         "train_batch/policy_age": sum(sample_ages) / len(sample_ages),
         "train_batch/policy_age_max": float(max(sample_ages)),

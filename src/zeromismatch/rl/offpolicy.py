@@ -16,23 +16,29 @@ step s (version s + 1) have reached the generator. Groups dropped by the assembl
 by the optional filter) free their slot at once: they will never be trained on, and holding their slots
 until the step finishes could deadlock (with N = 0 every slot would be held while the step waits for a
 replacement that cannot be admitted).
-Why (N + 1) * P bounds the age: when the generator admits a group under version v, the slots of all
-groups trained by steps < v are already free, so at most (N + 1) * P groups are pending, and if groups
-complete in admission order the new group is consumed no later than step v + N. Groups that complete
-out of order (long rollouts) can still age past N; the drop rule catches those.
+Why (N + 1) * P bounds the age: when the generator admits a group g under version v, the slots of all
+groups trained by steps < v are free, and dropped groups freed theirs, so fewer than (N + 1) * P
+earlier-admitted groups can still be trained on. If batches take groups in admission order, g is
+therefore trained by step v + N at the latest: age <= N, no stale drop ever. Taking groups in completion
+order, a long rollout is overtaken by later ones and can age past N; the drop rule catches those.
 
 N = 0 is synchronous on-policy: P slots, all freed only once the step's new weights are live, so the
 generator can only run the current step's prompts, with the current weights, and every age is 0.
 
-Batch assembly pops complete groups in completion order (FIFO of `complete` calls), drops stale ones,
-and returns exactly prompts_per_step groups. A partial batch is kept across calls until it fills.
+Batch assembly pops complete groups in FIFO order, drops stale ones, and returns exactly
+prompts_per_step groups; a partial batch is kept across calls until it fills. Two FIFO orders:
+- "completion" (default): the order of `complete` calls. The trainer never waits for a straggler, but
+  which groups form a batch depends on timing, and long rollouts age (and get dropped).
+- "admission": the order of `admit` calls; the head waits for the oldest group still generating.
+  Which prompts form each batch then depends only on the admission sequence and the filter's verdicts,
+  not on timing (reproducible across runs), and by the argument above no group is ever stale.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Literal
 
 from .metrics import policy_age_metrics
 from .types import Group
@@ -88,6 +94,7 @@ class RunAheadBuffer:
 
     group_filter: optional predicate applied to fresh complete groups during assembly; rejected groups
     are dropped and replaced (DAPO dynamic sampling: pass "reward spread > 0").
+    order: "completion" or "admission" FIFO (module docstring).
     """
 
     def __init__(
@@ -97,9 +104,13 @@ class RunAheadBuffer:
         *,
         initial_version: int = 0,
         group_filter: Callable[[Group], bool] | None = None,
+        order: Literal["completion", "admission"] = "completion",
     ) -> None:
         if n < 0 or prompts_per_step < 1 or initial_version < 0:
             raise ValueError("need N >= 0, prompts_per_step >= 1, initial_version >= 0")
+        if order not in ("completion", "admission"):
+            raise ValueError(f"unknown order {order!r}")
+        self.order = order
         self.n = n
         self.prompts_per_step = prompts_per_step
         self.capacity = (n + 1) * prompts_per_step
@@ -111,7 +122,7 @@ class RunAheadBuffer:
 
         self._next_ticket = 0
         self._in_flight: dict[int, _Ticket] = {}  # admitted, still generating
-        self._ready: deque[Group] = deque()  # complete, in completion order
+        self._ready: dict[int, Group] = {}  # ticket -> complete group; dict order = completion order
         self._pending: list[Group] = []  # kept for next_step's batch, batch not full yet
         self._awaiting_release: dict[int, int] = {}  # step -> slots of groups it trained on
         self._dropped_stale_step = 0
@@ -122,7 +133,10 @@ class RunAheadBuffer:
     @property
     def slots_held(self) -> int:
         return (
-            len(self._in_flight) + len(self._ready) + len(self._pending) + sum(self._awaiting_release.values())
+            len(self._in_flight)
+            + len(self._ready)
+            + len(self._pending)
+            + sum(self._awaiting_release.values())
         )
 
     @property
@@ -160,7 +174,7 @@ class RunAheadBuffer:
                 f"[{t.version}, {self.generator_version}] for ticket {ticket}"
             )
         del self._in_flight[ticket]
-        self._ready.append(group)
+        self._ready[ticket] = group
 
     def release_after_weights_reached_generator(self, step: int) -> int:
         """The weights produced by `step` (version step + 1) are live in the generator: free the slots of
@@ -178,6 +192,19 @@ class RunAheadBuffer:
 
     # ---- batch assembly --------------------------------------------------------------------------
 
+    def _pop_next(self) -> Group | None:
+        """Next complete group in FIFO order, or None (none complete, or the admission-order head is
+        still generating)."""
+        if not self._ready:
+            return None
+        if self.order == "completion":
+            ticket = next(iter(self._ready))
+        else:
+            ticket = min(self._ready)  # tickets increase with admission
+            if self._in_flight and min(self._in_flight) < ticket:
+                return None
+        return self._ready.pop(ticket)
+
     def assemble_batch(self, step: int) -> Batch | None:
         """Pop complete groups (FIFO) into the batch of `step`; return it once it holds
         prompts_per_step groups, else None (call again after more groups complete).
@@ -187,8 +214,10 @@ class RunAheadBuffer:
         """
         if step != self.next_step:
             raise ValueError(f"expected step {self.next_step}, got {step}")
-        while len(self._pending) < self.prompts_per_step and self._ready:
-            g = self._ready.popleft()
+        while len(self._pending) < self.prompts_per_step:
+            g = self._pop_next()
+            if g is None:
+                break
             if not keep(g, step, self.n):
                 self._dropped_stale_step += 1
             elif self.group_filter is not None and not self.group_filter(g):

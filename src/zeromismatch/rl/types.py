@@ -38,16 +38,17 @@ class Turn:
 
 
 def _as_1d(x, dtype: torch.dtype, name: str) -> torch.Tensor:
-    """Lists are converted; tensors must already have `dtype`.
+    """Lists are converted; tensors must already have `dtype` (integer/bool -> int64 is allowed: lossless).
 
     A float64 tensor passed as gen_logprobs would be rounded to fp32 here without anyone noticing,
     so tensors of another dtype are refused instead of cast. Python floats from a generator are fp32
     values widened to double, so converting a list back to fp32 is exact.
     """
     if isinstance(x, torch.Tensor):
-        if x.dtype != dtype:
+        lossless = dtype == torch.int64 and (x.dtype == torch.bool or not x.dtype.is_floating_point)
+        if x.dtype != dtype and not lossless:
             raise TypeError(f"{name} must be {dtype}, got {x.dtype}")
-        t = x
+        t = x.to(dtype)
     else:
         t = torch.tensor(list(x), dtype=dtype)
     if t.dim() != 1:
@@ -145,4 +146,3 @@ class Group:
 
     def __len__(self) -> int:
         return len(self.samples)
-

@@ -32,7 +32,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = TINY_VOCAB_SIZE, out_dir: str | os.PathLike | None = None):
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int = TINY_VOCAB_SIZE, out_dir: str | os.PathLike | None = None
+):
     """Train a byte-level BPE on ``texts``, save it to ``out_dir`` (``tokenizer.json`` +
     ``tokenizer_config.json`` with the chat template) and return it loaded back through
     ``load_tokenizer``, so the caller holds exactly what later runs will load.
@@ -111,7 +113,9 @@ def load_tokenizer(path: str | os.PathLike):
     return tok
 
 
-def render_prompt(tokenizer, problem_text: str, *, dapo_template: bool = True, **template_kwargs) -> list[int]:
+def render_prompt(
+    tokenizer, problem_text: str, *, dapo_template: bool = True, **template_kwargs
+) -> list[int]:
     """Token ids of the chat-formatted user turn plus the assistant header (generation prompt).
 
     With ``dapo_template`` the bare problem is first wrapped in the DAPO instruction; pass False
@@ -119,8 +123,9 @@ def render_prompt(tokenizer, problem_text: str, *, dapo_template: bool = True, *
     template (e.g. ``enable_thinking=False`` for Qwen3.5).
     """
     content = dapo_prompt(problem_text) if dapo_template else problem_text
+    messages = [{"role": "user", "content": content}]
     text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True, **template_kwargs
+        messages, tokenize=False, add_generation_prompt=True, **template_kwargs
     )
     # The template already holds every special token; add_special_tokens=False keeps the
     # tokenizer from adding a BOS of its own (Qwen has none, other families do).

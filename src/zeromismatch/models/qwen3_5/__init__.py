@@ -1,7 +1,18 @@
+from .checkpoint import CheckpointError, load_checkpoint, load_state_dict_from_dir, save_checkpoint
 from .config import PRESETS, Qwen35Config, get_preset
 from .model import Qwen35ForCausalLM
 
-__all__ = ["PRESETS", "Qwen35Config", "Qwen35ForCausalLM", "get_preset", "build_model"]
+__all__ = [
+    "PRESETS",
+    "CheckpointError",
+    "Qwen35Config",
+    "Qwen35ForCausalLM",
+    "build_model",
+    "get_preset",
+    "load_checkpoint",
+    "load_state_dict_from_dir",
+    "save_checkpoint",
+]
 
 
 def build_model(preset_or_config, numerics: str = "stock", seed: int = 0, device="cpu", dtype=None, **overrides):

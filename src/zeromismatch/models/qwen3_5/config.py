@@ -77,7 +77,9 @@ class Qwen35Config:
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "Qwen35Config":
-        d = dict(d.get("text_config", d))  # multimodal checkpoints nest the text config
+        top, d = d, dict(d.get("text_config", d))  # multimodal checkpoints nest the text config
+        if "text_config" in top and "tie_word_embeddings" in top:  # ...and tie the embeddings at the top level
+            d["tie_word_embeddings"] = top["tie_word_embeddings"]
         rope = d.pop("rope_parameters", None) or d.pop("rope_scaling", None) or {}
         if "rope_theta" in rope:
             d.setdefault("rope_theta", rope["rope_theta"])

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ...kernels import mean_sq_last, on_gpu, sum_last
 from ...numerics import Numerics, get_numerics
 from ...ops.conv import causal_conv
 from ...ops.gdn import CHUNK, chunk_final_states, chunk_fwd, prepare_qk, recurrent_fwd
@@ -34,7 +35,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        # mean_sq_last: xf.pow(2).mean(-1, keepdim=True) on CPU, a row-count-invariant reduction on CUDA
+        y = xf * torch.rsqrt(mean_sq_last(xf) + self.eps)
         return (y * (1.0 + self.weight.float())).to(x.dtype)
 
 
@@ -48,7 +50,7 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, z: torch.Tensor, silu) -> torch.Tensor:
         xf = x.float()
-        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        y = (xf * torch.rsqrt(mean_sq_last(xf) + self.eps)).to(x.dtype)
         return (self.weight * y * silu(z.float())).to(x.dtype)
 
 
@@ -100,7 +102,7 @@ class GatedDeltaNet(nn.Module):
         mixed = lay.to_packed(y)
         ctx.record(f"{name}.conv", mixed)
 
-        o, new_state = self._core(mixed, g, beta, lay, nx, cache)
+        o, new_state = self._core(mixed, g, beta, lay, nx, cache, ctx.cache)
         if cache is not None:
             ctx.cache.set_gdn_state(self.layer_idx, {"conv": conv_state, **new_state})
         ctx.record(f"{name}.core", o)
@@ -122,9 +124,14 @@ class GatedDeltaNet(nn.Module):
         v, g, beta = (t.float().transpose(1, 2).contiguous() for t in (v, g_p, beta_p))
         return q, k, v, g, beta
 
-    def _core(self, mixed, g, beta, lay: SeqLayout, nx: Numerics, cache):
+    def _core(self, mixed, g, beta, lay: SeqLayout, nx: Numerics, cache, cache_view=None):
         """GDN over the new tokens. Returns (o [N, HV, V] fp32, cache entries to store)."""
         b = lay.num_seqs
+        if cache is None and nx.gdn_form == "recurrent" and on_gpu(mixed):
+            # bi on the GPU: the Triton recurrent kernel on packed raw q/k/v (chunked backward)
+            from ...kernels.gdn_recurrent import gdn_recurrent
+
+            return gdn_recurrent(*self._split(mixed), g, beta, lay.cu_seqlens), {}
         if cache is None:  # trainer / cache-free scoring: every sequence starts at position 0
             q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
             state = q.new_zeros(b, self.hv, self.dk, self.dv)
@@ -139,7 +146,7 @@ class GatedDeltaNet(nn.Module):
         if nx.gdn_form == "aligned_chunk":
             return self._aligned_chunk(mixed, g, beta, lay, cache)
         if nx.gdn_form == "recurrent":
-            return self._recurrent_cached(mixed, g, beta, lay, cache["ssm"])
+            return self._recurrent_cached(mixed, g, beta, lay, cache["ssm"], cache_view)
         # stock: chunked prefill from the carried state, recurrent step for decode rows
         q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
         t = q.shape[2]
@@ -153,7 +160,19 @@ class GatedDeltaNet(nn.Module):
             o[decode], ssm[decode] = o_r, s_r
         return lay.to_packed(o.transpose(1, 2)), {"ssm": ssm}
 
-    def _recurrent_cached(self, mixed, g, beta, lay, ssm):
+    def _recurrent_cached(self, mixed, g, beta, lay, ssm, cache_view=None):
+        if on_gpu(mixed):
+            # the same Triton kernel as the trainer; the state is read and written in place in the cache's
+            # [slots, HV, K, V] tensor when the view exposes it
+            from ...kernels.gdn_recurrent import gdn_recurrent_fwd
+
+            cu = torch.tensor(lay.cu_seqlens, device=mixed.device, dtype=torch.int32)
+            inplace = getattr(cache_view, "ssm_inplace", None)
+            if inplace is not None:
+                storage, slots = inplace(self.layer_idx)
+                return gdn_recurrent_fwd(*self._split(mixed), g, beta, cu, storage, slots), {}
+            state = ssm.float().contiguous().clone()
+            return gdn_recurrent_fwd(*self._split(mixed), g, beta, cu, state), {"ssm": state}
         q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
         o, state = recurrent_fwd(q, k, v, gg, bb, ssm.float(), lay.lengths)
         return lay.to_packed(o.transpose(1, 2)), {"ssm": state}
@@ -207,7 +226,8 @@ class RotaryTable(nn.Module):
 
     def __init__(self, rotary_dim: int, theta: float):
         super().__init__()
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+        # a plain attribute, not a buffer: always on cpu (also when the model is built under torch.device("meta"))
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim))
         self.pieces: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _piece(self, i: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,7 +315,7 @@ class Router(nn.Module):
         (upstream, a 3-D input lowered to bmm in the generator and flipped top-k choices)."""
         probs = torch.softmax(nx.linear(x, self.weight).float(), dim=-1)
         top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
-        return (top_w / top_w.sum(-1, keepdim=True)).to(x.dtype), top_i
+        return (top_w / sum_last(top_w)).to(x.dtype), top_i
 
 
 class Experts(nn.Module):
@@ -423,12 +443,11 @@ class Qwen35ForCausalLM(nn.Module):
         for layer in self.model.layers:
             h = layer(h, ctx, nx)
         h = self.model.norm(h)
+        ctx.record("final_norm", h)
         if logits_rows is not None:
             h = h[logits_rows]
         # lm_head in fp32 whatever the activation dtype
-        logits = nx.linear(h.float(), self.lm_head.weight.float())
-        ctx.record("logits", logits)
-        return logits
+        return nx.linear(h.float(), self.lm_head.weight.float())
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -25,7 +25,8 @@ def _expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
     return x.repeat_interleave(rep, dim=1) if rep > 1 else x
 
 
-def blocked_attention(q, k, v, q_pos, scale, softmax=torch.softmax):
+def blocked_attention(q, k, v, q_pos, scale, softmax=torch.softmax, matmul=torch.matmul):
+    """matmul: torch.matmul on CPU; the GPU passes kernels.bmm.bmm (batch-count invariant)."""
     b, hq, tq, d = q.shape
     k, v = _expand_kv(k, hq), _expand_kv(v, hq)
     tk = k.shape[2]
@@ -44,11 +45,11 @@ def blocked_attention(q, k, v, q_pos, scale, softmax=torch.softmax):
         kk, vv = k[seqs, :, : min(length, tk)], v[seqs, :, : min(length, tk)]
         if tk < length:
             kk, vv = F.pad(kk, (0, 0, 0, length - tk)), F.pad(vv, (0, 0, 0, length - tk))
-        scores = (qblk @ kk.transpose(-1, -2)) * scale  # [n, Hq, 64, L]
+        scores = matmul(qblk, kk.transpose(-1, -2)) * scale  # [n, Hq, 64, L]
         key_pos = torch.arange(length, device=q.device)
         row_pos = qb * BLOCK + torch.arange(BLOCK, device=q.device)
         scores = scores.masked_fill(key_pos[None, :] > row_pos[:, None], float("-inf"))
-        o = softmax(scores, dim=-1) @ vv
+        o = matmul(softmax(scores, dim=-1), vv)
         out[bi, :, ti] = o[slot, :, rows]
     return out
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ...kernels import on_gpu, sum_sq_last
+
 CHUNK = 64
 
 
@@ -28,8 +30,9 @@ def prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torc
     """[B, T, H, K] raw q, k -> [B, HV, T, K] fp32, l2-normalized (eps 1e-6 inside the rsqrt), q scaled.
     Value head hv reads key head hv // (HV / H)."""
     q, k = q.float(), k.float()
-    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    # sum_sq_last: (x * x).sum(-1, keepdim=True) on CPU; a row-count-invariant Triton reduction on CUDA
+    q = q * torch.rsqrt(sum_sq_last(q) + 1e-6)
+    k = k * torch.rsqrt(sum_sq_last(k) + 1e-6)
     q = q * (q.shape[-1] ** -0.5)
     rep = num_v_heads // q.shape[2]
     if rep > 1:
@@ -77,6 +80,16 @@ def recurrent_fwd(q, k, v, g, beta, state, lengths=None):
 
 
 def chunk_fwd(q, k, v, g, beta, state):
+    """`chunk_fwd_torch` on CPU; on CUDA the batch-invariant kernels.gdn_chunk.chunk_fwd (same function, same
+    contract; torch's CUDA bmm / solve_triangular pick kernels by batch count)."""
+    if on_gpu(q):
+        from ...kernels.gdn_chunk import chunk_fwd as chunk_fwd_cuda
+
+        return chunk_fwd_cuda(q, k, v, g, beta, state, CHUNK)
+    return chunk_fwd_torch(q, k, v, g, beta, state)
+
+
+def chunk_fwd_torch(q, k, v, g, beta, state):
     """Chunked form over whole chunks. q, k [B, HV, T, K]; v [B, HV, T, V]; g, beta [B, HV, T] with T a
     multiple of CHUNK (callers zero-pad: zero rows are inert); state [B, HV, K, V] fp32.
     Returns (o [B, HV, T, V], states [B, HV, n_chunks + 1, K, V]: the state at every chunk boundary)."""

@@ -42,11 +42,15 @@ class MathProblem:
     idx: int  # row position in the loaded split: stable for a fixed file
 
 
-def load_math_problems(source: str | os.PathLike, split: str = "train", **load_kwargs) -> list[MathProblem]:
+def load_math_problems(
+    source: str | os.PathLike, split: str = "train", dedupe: bool = False, **load_kwargs
+) -> list[MathProblem]:
     """Load any supported layout (module doc) from a hub name or a local path.
 
-    ``load_kwargs`` go to ``datasets.load_dataset`` (e.g. ``name=`` for a hub config,
-    ``cache_dir=``). Raises ValueError naming the source and the missing or malformed column.
+    ``split`` is the hub split, or for a local directory picks ``<split>*`` files when present.
+    ``dedupe`` keeps the first of rows with the same (problem, answer); ``idx`` still points at
+    the original row. ``load_kwargs`` go to ``datasets.load_dataset`` (e.g. ``name=`` for a hub
+    config, ``cache_dir=``). Raises ValueError naming the source and the bad column.
     """
     dataset, label = _load_raw(source, split, load_kwargs)
     columns = list(dataset.column_names)
@@ -58,25 +62,35 @@ def load_math_problems(source: str | os.PathLike, split: str = "train", **load_k
         raise ValueError(
             f"{label}: no {missing} column; expected one of {list(wanted)}, found {columns}"
         )
-    default_source = Path(str(source)).stem if os.path.exists(source) else str(source)
+    default_source = Path(label).stem if Path(label).exists() else label
+    # Decode only what we use: the verl file carries extra_info etc. on every row.
+    dataset = dataset.select_columns(
+        [problem_col, answer_col] + (["data_source"] if "data_source" in columns else [])
+    )
 
-    problems = []
+    problems, seen = [], set()
     for i, row in enumerate(dataset):
         where = f"{label}, row {i}"
-        problems.append(
-            MathProblem(
-                problem=_problem_text(row[problem_col], problem_col, where),
-                answer=_answer_text(row[answer_col], answer_col, where),
-                source=str(row.get("data_source") or default_source),
-                idx=i,
-            )
-        )
+        problem = _problem_text(row[problem_col], problem_col, where)
+        answer = _answer_text(row[answer_col], answer_col, where)
+        if dedupe:
+            if (problem, answer) in seen:
+                continue
+            seen.add((problem, answer))
+        source_name = str(row.get("data_source") or default_source)
+        problems.append(MathProblem(problem, answer, source_name, idx=i))
     return problems
 
 
-def load_dapo_math(source: str | os.PathLike = DAPO_HUB_NAME, split: str = "train", **load_kwargs) -> list[MathProblem]:
-    """DAPO-Math-17k, verl or processed layout (also any offline split we write)."""
-    return load_math_problems(source, split, **load_kwargs)
+def load_dapo_math(
+    source: str | os.PathLike = DAPO_HUB_NAME, split: str = "train", dedupe: bool = True, **load_kwargs
+) -> list[MathProblem]:
+    """DAPO-Math-17k, verl or processed layout (also any offline split we write).
+
+    Deduplicates by default: the verl release of DAPO-Math-17k repeats each of its ~17.9k
+    problems about 100 times (~1.79M rows), which would silently skew epochs and eval counts.
+    """
+    return load_math_problems(source, split, dedupe=dedupe, **load_kwargs)
 
 
 def load_aime2025(
@@ -130,7 +144,9 @@ def _data_files(path: Path, split: str) -> list[Path]:
     files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in _FILE_BUILDERS)
     if not files:
         raise ValueError(f"{path}: no {sorted(_FILE_BUILDERS)} files in this directory")
-    named = [f for f in files if f.stem == split or f.stem.startswith(f"{split}-") or f.parent.name == split]
+    named = [
+        f for f in files if f.stem == split or f.stem.startswith(f"{split}-") or f.parent.name == split
+    ]
     return named or files
 
 
@@ -138,10 +154,16 @@ def _problem_text(value: Any, column: str, where: str) -> str:
     if isinstance(value, list):  # chat messages: the last user turn holds the problem
         users = [m for m in value if isinstance(m, dict) and m.get("role") == "user"]
         if not users or not isinstance(users[-1].get("content"), str):
-            raise ValueError(f"{where}: column '{column}' is a message list without a user message with string content")
+            raise ValueError(
+                f"{where}: column '{column}' is a message list without a user message "
+                "with string content"
+            )
         value = users[-1]["content"]
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{where}: column '{column}' must be a non-empty string or a message list, got {value!r:.80}")
+        raise ValueError(
+            f"{where}: column '{column}' must be a non-empty string or a message list, "
+            f"got {value!r:.80}"
+        )
     bare = strip_dapo_template(value)
     return (bare if bare is not None else value).strip()
 
@@ -149,7 +171,9 @@ def _problem_text(value: Any, column: str, where: str) -> str:
 def _answer_text(value: Any, column: str, where: str) -> str:
     if column == "reward_model":
         if not isinstance(value, dict) or "ground_truth" not in value:
-            raise ValueError(f"{where}: column 'reward_model' has no 'ground_truth' field, got {value!r:.80}")
+            raise ValueError(
+                f"{where}: column 'reward_model' has no 'ground_truth' field, got {value!r:.80}"
+            )
         value = value["ground_truth"]
     if isinstance(value, float) and value.is_integer():  # AIME answers stored as floats
         value = int(value)

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from zeromismatch.tasks.math.prompts import dapo_prompt
 
@@ -28,6 +25,7 @@ HELDOUT_SIZE = 30
 HELDOUT_SEED = 2025  # fixed so every run evaluates on the same 30 problems
 TRAIN_LEVELS = {1: 0.30, 2: 0.35, 3: 0.25, 4: 0.10}  # level 4 appears so held-out formats are not unseen
 HELDOUT_LEVELS = {3: 0.3, 4: 0.7}
+_MAX_DRAWS = 1000
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ def _sub(r: random.Random):
 
 
 def _mul_add(r: random.Random):
-    a, b, c = r.randint(2, 12), r.randint(2, 12), r.randint(1, 30)
+    a, b, c = r.randint(2, 12), r.randint(2, 12), r.randint(1, 50)
     p = a * b
     if r.random() < 0.5:
         return f"What is {a} * {b} + {c}?", _done(f"{a} * {b} = {p}. {p} + {c} = {p + c}.", p + c), p + c
@@ -81,9 +79,9 @@ def _mul_add(r: random.Random):
 
 def _groups(r: random.Random):
     a, b = r.randint(2, 12), r.randint(2, 12)
-    thing = r.choice(_THINGS)
+    thing, box = r.choice(_THINGS), r.choice(("bag", "box", "jar", "tray"))
     return (
-        f"A box holds {a} {thing}. How many {thing} are in {b} boxes?",
+        f"A {box} holds {a} {thing}. How many {thing} are in {b} {box}s?",
         _done(f"{b} * {a} = {a * b}.", a * b),
         a * b,
     )
@@ -188,33 +186,38 @@ def generate_problems(
     n: int,
     seed: int,
     levels: Mapping[int, float] = TRAIN_LEVELS,
-    exclude: frozenset[str] | set[str] = frozenset(),
+    exclude: Iterable[str] = (),
 ) -> list[OfflineProblem]:
-    """``n`` problems with levels drawn from the ``levels`` weights, skipping texts in
-    ``exclude``. Train allows repeats (level 1 has only a few thousand distinct problems)."""
+    """``n`` distinct problems, levels drawn from the ``levels`` weights, none whose text is in
+    ``exclude``. Raises ValueError when a level runs out of new problems (roughly n > 40k)."""
     rng = random.Random(seed)
     keys, weights = list(levels), list(levels.values())
+    seen = set(exclude)
     out: list[OfflineProblem] = []
-    while len(out) < n:
-        p = make_problem(rng, rng.choices(keys, weights)[0])
-        if p.problem not in exclude:
-            out.append(p)
+    for _ in range(n):
+        level = rng.choices(keys, weights)[0]
+        # Redraw within the level on a repeat, so the level mix stays as asked.
+        for _attempt in range(_MAX_DRAWS):
+            p = make_problem(rng, level)
+            if p.problem not in seen:
+                break
+        else:
+            raise ValueError(
+                f"no new level-{level} problem in {_MAX_DRAWS} draws after {len(out)} problems: "
+                f"{n} distinct problems exceed what the offline generator offers; ask for fewer"
+            )
+        seen.add(p.problem)
+        out.append(p)
     return out
 
 
 def heldout_problems(seed: int = HELDOUT_SEED) -> list[OfflineProblem]:
-    """The fixed 30-problem evaluation set: levels 3-4, all distinct."""
-    rng = random.Random(seed)
-    keys, weights = list(HELDOUT_LEVELS), list(HELDOUT_LEVELS.values())
-    out: dict[str, OfflineProblem] = {}
-    while len(out) < HELDOUT_SIZE:
-        p = make_problem(rng, rng.choices(keys, weights)[0])
-        out.setdefault(p.problem, p)
-    return list(out.values())
+    """The fixed 30-problem evaluation set (levels 3-4)."""
+    return generate_problems(HELDOUT_SIZE, seed, HELDOUT_LEVELS)
 
 
 def offline_math_splits(n_train: int, seed: int = 0) -> dict[str, list[OfflineProblem]]:
-    """``{"train": n_train problems, "heldout": the fixed 30}``; no held-out text is in train."""
+    """``{"train": n_train distinct problems, "heldout": the fixed 30}``, disjoint."""
     if n_train < 1:
         raise ValueError(f"n_train must be >= 1, got {n_train}")
     heldout = heldout_problems()
@@ -236,9 +239,13 @@ def to_verl_rows(problems: list[OfflineProblem]) -> list[dict]:
     ]
 
 
-def tokenizer_corpus(problems: list[OfflineProblem]) -> list[str]:
-    """Texts a tiny tokenizer should be trained on: full DAPO prompts and worked solutions."""
-    return [t for p in problems for t in (dapo_prompt(p.problem), p.solution)]
+def tokenizer_corpus(problems: list[OfflineProblem], template_copies: int = 64) -> list[str]:
+    """Texts to train a tiny tokenizer on: every problem and worked solution, plus the DAPO
+    instruction text. The instruction is added ``template_copies`` times rather than once per
+    problem: enough for BPE to merge it into whole words, without making it most of the corpus
+    (which would triple training time for nothing)."""
+    texts = [t for p in problems for t in (p.problem, p.solution)]
+    return texts + [dapo_prompt("")] * template_copies
 
 
 def write_offline_math(out_dir: str | Path, n_train: int = 20000, seed: int = 0) -> dict[str, Path]:
@@ -248,6 +255,9 @@ def write_offline_math(out_dir: str | Path, n_train: int = 20000, seed: int = 0)
     message), ``response`` (worked solution ending in "Answer: N"), ``answer``, ``level``.
     Returns the written paths by name. Same arguments, same bytes.
     """
+    import pyarrow as pa  # imported here so that importing the task package stays cheap
+    import pyarrow.parquet as pq
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     splits = offline_math_splits(n_train, seed)

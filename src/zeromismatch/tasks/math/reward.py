@@ -6,9 +6,9 @@ last ``\\boxed{}``; without that, the last number in the response.
 Why a worker process. math-verify guards ``parse``/``verify`` with ``signal.alarm``, which only
 works on the main thread, and rollouts are scored from other threads. Disabling it
 (``parsing_timeout=None``, ``timeout_seconds=None``) leaves sympy unbounded: a 40-character
-``\\boxed{2^{2^{2^{2^{2^{100}}}}}}`` never returns, and 10k nested braces take ~50 s. A Python
+``\\boxed{2^{2^{2^{2^{2^{100}}}}}}`` never returns, and 5k nested braces take ~50 s. A Python
 thread cannot be stopped, so sympy runs in one long-lived child process, and a late reply gets the
-child killed (and lazily restarted) with a score of 0. That works from any thread, costs one pipe
+child killed (and replaced) with a score of 0. That works from any thread, costs one pipe
 round trip per non-trivial answer, and never spawns per call.
 
 Two cheap filters run before the pipe: answers longer than ``MAX_ANSWER_CHARS`` or with a digit
@@ -35,10 +35,11 @@ from zeromismatch.tasks.math.prompts import extract_answer, last_boxed, last_num
 
 MAX_ANSWER_CHARS = 256
 MAX_DIGITS = 100
-DEFAULT_TIMEOUT_S = 3.0
+DEFAULT_TIMEOUT_S = 2.0  # genuine comparisons of short answers take < 0.3 s
 
-_INT_RE = re.compile(r"[+-]?\d+")
-_BOXED_INT_RE = re.compile(r"\\boxed\{\s*([+-]?\d+)\s*\}")
+# Bounded digit counts: int() refuses > 4300 digits, and a long gold must not raise here.
+_INT_RE = re.compile(r"[+-]?\d{1,%d}" % MAX_DIGITS)
+_BOXED_INT_RE = re.compile(r"\\boxed\{\s*([+-]?\d{1,%d})\s*\}" % MAX_DIGITS)
 _LONG_DIGITS_RE = re.compile(r"\d{%d}" % (MAX_DIGITS + 1))
 
 
@@ -55,8 +56,12 @@ def final_answer(response: str | None) -> str | None:
 
 
 def _as_int(text: str) -> int | None:
-    m = _INT_RE.fullmatch(text) or _BOXED_INT_RE.fullmatch(text)
-    return int(m.group(1) if m.re is _BOXED_INT_RE else m.group(0)) if m else None
+    """``text`` as an int if it is a plain (optionally boxed) integer, else None."""
+    if m := _INT_RE.fullmatch(text):
+        return int(m.group(0))
+    if m := _BOXED_INT_RE.fullmatch(text):
+        return int(m.group(1))
+    return None
 
 
 def _as_latex(answer: str) -> str:
@@ -95,11 +100,13 @@ class MathVerifier:
         self._proc: subprocess.Popen | None = None
         self._owner_pid = os.getpid()
         self._buf = b""
+        self._ready = False  # the child has printed "ready" (math-verify imported)
         self.restarts = 0  # children lost to timeouts or crashes; worth logging
 
     # ----- public API -----
 
     def score(self, response: str | None, gold) -> float:
+        """1.0 or 0.0 (module doc); never raises on bad input."""
         gold_text = _gold_text(gold)
         pred = final_answer(response)
         if gold_text is None or pred is None:
@@ -135,23 +142,18 @@ class MathVerifier:
             try:
                 proc.stdin.write(request)
                 proc.stdin.flush()
+                reply = self._read_line(time.monotonic() + self.timeout_s)
             except OSError:  # child died since the last call
-                self._kill(failed=True)
-                return False
-            reply = self._read_line(time.monotonic() + self.timeout_s)
+                reply = None
             if reply is None:  # too slow, or crashed: either way this answer scores 0
                 self._kill(failed=True)
+                # Start the replacement now, so its ~1 s import of sympy overlaps with the
+                # caller's next (often integer, in-process) answers instead of delaying them.
+                self._spawn()
                 return False
             return reply == b"1"
 
-    def _ensure_started(self) -> subprocess.Popen:
-        if os.getpid() != self._owner_pid:
-            # Forked copy of this object: the pipes belong to the parent's child. Start our own.
-            self._proc, self._buf, self._owner_pid = None, b"", os.getpid()
-        if self._proc is not None and self._proc.poll() is None:
-            return self._proc
-        if self._proc is not None:  # died on its own
-            self._kill(failed=True)
+    def _spawn(self) -> None:
         src_root = str(Path(__file__).resolve().parents[3])  # .../src, so no install is needed
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src_root, env.get("PYTHONPATH")]))
@@ -164,24 +166,35 @@ class MathVerifier:
             # the worker exits by itself when our end of stdin closes.
             start_new_session=True,
         )
-        self._buf = b""
-        if self._read_line(time.monotonic() + self.startup_timeout_s) != b"ready":
-            self._kill()
-            raise RuntimeError(
-                "math-verify worker did not start; check that `python -m "
-                "zeromismatch.tasks.math._verify_worker` runs (is math-verify installed?)"
-            )
+        self._buf, self._ready = b"", False
+
+    def _ensure_started(self) -> subprocess.Popen:
+        if os.getpid() != self._owner_pid:
+            # Forked copy of this object: the pipes belong to the parent's child. Start our own.
+            self._proc, self._buf, self._owner_pid = None, b"", os.getpid()
+        if self._proc is not None and self._proc.poll() is not None:  # died on its own
+            self._kill(failed=True)
+        if self._proc is None:
+            self._spawn()
+        if not self._ready:
+            if self._read_line(time.monotonic() + self.startup_timeout_s) != b"ready":
+                self._kill()
+                raise RuntimeError(
+                    "math-verify worker did not start; check that `python -m "
+                    "zeromismatch.tasks.math._verify_worker` runs (is math-verify installed?)"
+                )
+            self._ready = True
         return self._proc
 
     def _read_line(self, deadline: float) -> bytes | None:
         """Next line from the child without its newline; None on timeout or EOF."""
         fd = self._proc.stdout.fileno()
+        # poll, not select: a trainer can hold more than FD_SETSIZE (1024) descriptors.
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
+            if left <= 0 or not poller.poll(left * 1000):
                 return None
             chunk = os.read(fd, 4096)
             if not chunk:  # EOF: the child crashed (e.g. C stack overflow in sympy)
@@ -191,7 +204,7 @@ class MathVerifier:
         return line.strip()
 
     def _kill(self, failed: bool = False) -> None:
-        proc, self._proc, self._buf = self._proc, None, b""
+        proc, self._proc, self._buf, self._ready = self._proc, None, b"", False
         if proc is None:
             return
         self.restarts += failed

@@ -1,0 +1,159 @@
+"""Recurrent gated-delta-rule forward in Triton: the `bi` GDN for the trainer forward, the generator's
+prefill and its decode steps (one kernel, one compiled variant, so all of them agree bit for bit).
+
+One program per (sequence, value head, value block of BV columns). The fp32 state block [K, BV] lives in
+registers for the whole sequence; per token: q, k l2-normalized (rsqrt(sum x^2 + 1e-6)) in fp32, q scaled by
+1/sqrt(K), decay exp(g), delta rule, output column block. Packed sequences via cu_seqlens; the state is
+read from state[state_indices[b]] and the final state written back to the same place (in place: the
+generator passes its [slots, HV, K, V] cache and the batch's slots; the trainer a zero buffer).
+
+Invariance: a program's arithmetic depends only on its own sequence; every call passes a state (never a
+"no initial state" variant), the config (BV, num_warps, num_stages) is a module constant, and no integer that
+varies between calls (token counts, strides) is specialized. Splitting a sequence across calls with the fp32
+state carried is therefore exact.
+
+Training: `gdn_recurrent` is differentiable; the backward recomputes the chunked form in plain torch
+(ops.gdn.reference.chunk_fwd_torch) and differentiates it, the published method's choice.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BV = 16
+NUM_WARPS = 1
+NUM_STAGES = 2
+
+
+@triton.jit(do_not_specialize=["stride_q", "stride_k", "stride_v", "stride_g", "stride_b", "stride_o"])
+def _gdn_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, state_ptr, idx_ptr, cu_ptr,
+                          stride_q, stride_k, stride_v, stride_g, stride_b, stride_o, scale,
+                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                          BLOCK_V: tl.constexpr):
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cu_ptr + i_n).to(tl.int64)
+    eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+    slot = tl.load(idx_ptr + i_n).to(tl.int64)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    p_s = state_ptr + (slot * HV + i_hv) * (K * V) + o_k[:, None] * V + o_v[None, :]
+    h = tl.load(p_s)
+    for t in range(bos, eos):
+        q = tl.load(q_ptr + t * stride_q + i_h * K + o_k).to(tl.float32)
+        k = tl.load(k_ptr + t * stride_k + i_h * K + o_k).to(tl.float32)
+        v = tl.load(v_ptr + t * stride_v + i_hv * V + o_v).to(tl.float32)
+        g = tl.load(g_ptr + t * stride_g + i_hv).to(tl.float32)
+        beta = tl.load(b_ptr + t * stride_b + i_hv).to(tl.float32)
+        q = q * tl.rsqrt(tl.sum(q * q) + 1e-6) * scale
+        k = k * tl.rsqrt(tl.sum(k * k) + 1e-6)
+        h = h * tl.exp(g)
+        kv = tl.sum(h * k[:, None], axis=0)
+        delta = (v - kv) * beta
+        h = h + k[:, None] * delta[None, :]
+        o = tl.sum(h * q[:, None], axis=0)
+        tl.store(o_ptr + t * stride_o + i_hv * V + o_v, o.to(o_ptr.dtype.element_ty))
+    tl.store(p_s, h)
+
+
+def _check_tok(x: torch.Tensor, inner: int, name: str) -> torch.Tensor:
+    """[N, heads, D] with the head/feature dims dense (any token stride)."""
+    if x.stride(-1) != 1 or (x.dim() == 3 and x.stride(1) != inner):
+        x = x.contiguous()
+    return x
+
+
+def gdn_recurrent_fwd(q, k, v, g, beta, cu_seqlens, state, state_indices=None, out=None, out_dtype=torch.float32,
+                      block_v: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
+    """q, k [N, H, K] raw (not normalized); v [N, HV, V]; g, beta [N, HV] (fp32: log decay, beta);
+    cu_seqlens [B+1] int32 on the device; state fp32 [S, HV, K, V] contiguous, updated IN PLACE at rows
+    state_indices[b] (default b). Returns o [N, HV, V] (out_dtype). block_v / num_warps / num_stages override
+    the module config (timing experiments only: a different config gives different bits)."""
+    n_tok, h, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    b = cu_seqlens.numel() - 1
+    assert state.dtype == torch.float32 and state.is_contiguous() and state.shape[1:] == (hv, dk, dv), state.shape
+    assert hv % h == 0 and dk == triton.next_power_of_2(dk)
+    q, k, v = _check_tok(q, dk, "q"), _check_tok(k, dk, "k"), _check_tok(v, dv, "v")
+    g, beta = g.float(), beta.float()
+    g = g if g.stride(-1) == 1 else g.contiguous()
+    beta = beta if beta.stride(-1) == 1 else beta.contiguous()
+    if state_indices is None:
+        state_indices = torch.arange(b, device=q.device, dtype=torch.int32)
+    state_indices = state_indices.to(torch.int32)
+    cu_seqlens = cu_seqlens.to(torch.int32)
+    if out is None:
+        out = torch.empty(n_tok, hv, dv, device=q.device, dtype=out_dtype)
+    bv = block_v or min(BV, dv)
+    assert dv % bv == 0
+    if b:
+        grid = (dv // bv, b * hv)
+        _gdn_recurrent_kernel[grid](q, k, v, g, beta, out, state, state_indices, cu_seqlens,
+                                    q.stride(0), k.stride(0), v.stride(0), g.stride(0), beta.stride(0), out.stride(0),
+                                    dk ** -0.5, H=h, HV=hv, K=dk, V=dv, BLOCK_V=bv,
+                                    num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- training
+
+
+def _chunk_reference_packed(q, k, v, g, beta, cu_list):
+    """Differentiable plain-torch chunked form over packed inputs (zero initial state) -> o [N, HV, V] fp32."""
+    from ..ops.gdn.reference import CHUNK, chunk_fwd_torch, prepare_qk
+
+    lens = [cu_list[i + 1] - cu_list[i] for i in range(len(cu_list) - 1)]
+    t = max(lens)
+    t += (-t) % CHUNK
+    n_tok = q.shape[0]
+    ar = torch.arange(t, device=q.device)
+    lengths = torch.tensor(lens, device=q.device)
+    valid = ar[None, :] < lengths[:, None]
+    index = torch.where(valid, torch.tensor(cu_list[:-1], device=q.device)[:, None] + ar[None, :], n_tok)
+
+    def pad(x):
+        return torch.cat([x, x.new_zeros(1, *x.shape[1:])], 0)[index]
+
+    hv = v.shape[1]
+    qp, kp = prepare_qk(pad(q), pad(k), hv)
+    vp, gp, bp = (pad(x).float().transpose(1, 2).contiguous() for x in (v, g, beta))
+    state = qp.new_zeros(len(lens), hv, qp.shape[-1], vp.shape[-1])
+    o, _ = chunk_fwd_torch(qp, kp, vp, gp, bp, state)
+    return o.transpose(1, 2)[valid]
+
+
+class _GDNRecurrentTrain(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, cu_seqlens, cu_list):
+        ctx.save_for_backward(q, k, v, g, beta)
+        ctx.cu_list = cu_list
+        b = len(cu_list) - 1
+        state = torch.zeros(b, v.shape[1], q.shape[2], v.shape[2], device=q.device, dtype=torch.float32)
+        return gdn_recurrent_fwd(q, k, v, g, beta, cu_seqlens, state)
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        inputs = ctx.saved_tensors
+        needs = ctx.needs_input_grad[:5]
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_(needs[i]) for i, x in enumerate(inputs)]
+            o = _chunk_reference_packed(*leaves, ctx.cu_list)
+            wrt = [x for i, x in enumerate(leaves) if needs[i]]
+            got = iter(torch.autograd.grad(o, wrt, grad_o) if wrt else [])
+        return (*(next(got) if needs[i] else None for i in range(5)), None, None)
+
+
+def gdn_recurrent(q, k, v, g, beta, cu_seqlens: list[int]):
+    """Trainer entry: packed raw q, k [N, H, K], v [N, HV, V], g, beta [N, HV]; every sequence starts from a
+    zero state. Returns o [N, HV, V] fp32. Differentiable (chunked backward)."""
+    cu = torch.tensor(cu_seqlens, device=q.device, dtype=torch.int32)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, g, beta)):
+        return _GDNRecurrentTrain.apply(q, k, v, g, beta, cu, list(cu_seqlens))
+    b = len(cu_seqlens) - 1
+    state = torch.zeros(b, v.shape[1], q.shape[2], v.shape[2], device=q.device, dtype=torch.float32)
+    return gdn_recurrent_fwd(q, k, v, g, beta, cu, state)

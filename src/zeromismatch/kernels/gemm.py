@@ -1,0 +1,207 @@
+"""Batch-invariant GEMM for `linear` (y = x @ W^T) on CUDA: Triton, fixed K order, no split-K.
+
+Every output element is one dot product accumulated over K in BLOCK_K pieces, in order, into an fp32
+accumulator; rows never interact, and M is not specialized, so a row's bits cannot depend on how many rows
+share the call *for a given tile config*. Two policies choose the config:
+
+- "fixed": the config is a function of (N, K, dtype) only. Invariance follows from the above alone.
+- "adaptive": the config also depends on M (small tiles for decode, large for training). This is invariant
+  only if the bits do not depend on BLOCK_M / BLOCK_N / num_warps / TMA-vs-pointer loads (same BLOCK_K, same
+  wgmma k16 chain). experiments/gpu/h200_suite.py tests exactly that ("config independence") on the H200;
+  the default policy is the one the device results back (results/gpu/README.md).
+
+bf16 inputs use the tensor cores (wgmma on Hopper: BLOCK_M >= 64, num_warps a multiple of 4); fp32 inputs
+(the fp32 lm_head) use input_precision="ieee" (FMA, sequential over K: config independent by construction).
+Differentiable: the backward is plain torch (it need not be invariant).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import configure_cuda
+
+POLICY = os.environ.get("ZM_GEMM_POLICY", "adaptive")  # "fixed" | "adaptive"
+BLOCK_K_BF16 = 64
+BLOCK_K_FP32 = 32
+
+
+@dataclass(frozen=True)
+class Cfg:
+    bm: int
+    bn: int
+    bk: int
+    warps: int
+    stages: int
+    group_m: int = 8
+    tma: bool = False
+
+
+# named configs (the suite times each); BLOCK_K is fixed per dtype
+CONFIGS = {
+    "s16": Cfg(64, 16, BLOCK_K_BF16, 4, 6),
+    "s32": Cfg(64, 32, BLOCK_K_BF16, 4, 6),
+    "s64": Cfg(64, 64, BLOCK_K_BF16, 4, 5),
+    "m128": Cfg(128, 128, BLOCK_K_BF16, 8, 4),
+    "l256": Cfg(128, 256, BLOCK_K_BF16, 8, 3),
+    "s32_tma": Cfg(64, 32, BLOCK_K_BF16, 4, 6, tma=True),
+    "s64_tma": Cfg(64, 64, BLOCK_K_BF16, 4, 5, tma=True),
+    "m128_tma": Cfg(128, 128, BLOCK_K_BF16, 8, 4, tma=True),
+    "l256_tma": Cfg(128, 256, BLOCK_K_BF16, 8, 3, tma=True),
+    "f32": Cfg(64, 64, BLOCK_K_FP32, 4, 3),
+    "f32_s": Cfg(32, 64, BLOCK_K_FP32, 4, 3),
+}
+
+
+def _tma_ok(x: torch.Tensor, w: torch.Tensor, n: int) -> bool:
+    es = x.element_size()
+    return (
+        x.dtype == torch.bfloat16
+        and x.stride(-1) == 1
+        and w.stride(-1) == 1
+        and (x.stride(0) * es) % 16 == 0
+        and (w.stride(0) * es) % 16 == 0
+        and (n * es) % 16 == 0
+        and x.data_ptr() % 16 == 0
+        and w.data_ptr() % 16 == 0
+    )
+
+
+def pick(m: int, n: int, k: int, dtype: torch.dtype, tma_ok: bool, policy: str | None = None) -> str:
+    policy = policy or POLICY
+    if dtype == torch.float32:
+        return "f32"
+    if policy == "fixed":
+        name = "m128" if n >= 128 else ("s64" if n > 32 else ("s32" if n > 16 else "s16"))
+        # pointer loads whatever the shape: the path must not depend on M either
+        return name
+    # adaptive: decode shapes take narrow tiles (more CTAs streaming W), training shapes wide ones
+    if m <= 64:
+        name = "s32" if n >= 2048 else "s16"
+    elif m <= 512:
+        name = "s64"
+    elif m <= 2048:
+        name = "m128"
+    else:
+        name = "l256" if n >= 2048 else "m128"
+    if tma_ok and name in ("s32", "s64", "m128", "l256"):
+        name += "_tma"
+    return name
+
+
+@triton.jit
+def _tile_ids(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_n = tl.cdiv(N, BN)
+    width = GROUP_M * num_pid_n
+    group = pid // width
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % width) % size_m)
+    pid_n = (pid % width) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit(do_not_specialize=["M", "stride_xm", "stride_ym"])
+def _linear_ptr_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                       IEEE: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_m, pid_n = _tile_ids(pid, M, N, BM, BN, GROUP_M)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn + offs_k[:, None]
+    mmask = offs_m[:, None] < M
+    nmask = offs_n[None, :] < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K, BK)):
+        krem = K - kt * BK
+        a = tl.load(x_ptrs, mask=mmask & (offs_k[None, :] < krem), other=0.0)
+        b = tl.load(w_ptrs, mask=(offs_k[:, None] < krem) & nmask, other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        x_ptrs += BK
+        w_ptrs += BK
+    y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mmask & nmask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_tma_kernel(x_desc, w_desc, y_desc, M, N, K,
+                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_m, pid_n = _tile_ids(pid, M, N, BM, BN, GROUP_M)
+    off_m = pid_m * BM
+    off_n = pid_n * BN
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K, BK)):
+        a = x_desc.load([off_m, kt * BK])
+        b = w_desc.load([off_n, kt * BK])
+        acc = tl.dot(a, b.T, acc)
+    y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
+
+
+def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | None = None, policy: str | None = None) -> torch.Tensor:
+    """x2 [M, K], w [N, K] (same dtype: bf16 or fp32) -> [M, N] in that dtype."""
+    configure_cuda()
+    assert x2.dtype == w.dtype and x2.dtype in (torch.bfloat16, torch.float16, torch.float32), (x2.dtype, w.dtype)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if w.stride(-1) != 1:
+        w = w.contiguous()
+    m, k = x2.shape
+    n = w.shape[0]
+    y = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
+    if m == 0:
+        return y
+    tma_ok = _tma_ok(x2, w, n)
+    name = cfg_name or pick(m, n, k, x2.dtype, tma_ok, policy)
+    c = CONFIGS[name]
+    grid = (triton.cdiv(m, c.bm) * triton.cdiv(n, c.bn),)
+    if c.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        xd = TensorDescriptor.from_tensor(x2, [c.bm, c.bk])
+        wd = TensorDescriptor.from_tensor(w, [c.bn, c.bk])
+        yd = TensorDescriptor.from_tensor(y, [c.bm, c.bn])
+        _linear_tma_kernel[grid](xd, wd, yd, m, n, k, BM=c.bm, BN=c.bn, BK=c.bk, GROUP_M=c.group_m,
+                                 num_warps=c.warps, num_stages=c.stages)
+    else:
+        _linear_ptr_kernel[grid](x2, w, y, m, n, k, x2.stride(0), w.stride(0), y.stride(0),
+                                 BM=c.bm, BN=c.bn, BK=c.bk, GROUP_M=c.group_m, IEEE=x2.dtype == torch.float32,
+                                 num_warps=c.warps, num_stages=c.stages)
+    return y
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, w):
+        ctx.save_for_backward(x2, w)
+        return linear_raw(x2, w)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x2, w = ctx.saved_tensors
+        gx = gy @ w if ctx.needs_input_grad[0] else None
+        gw = gy.t() @ x2 if ctx.needs_input_grad[1] else None
+        return gx, gw
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]^T, batch-invariant on CUDA."""
+    *lead, k = x.shape
+    x2 = x.reshape(-1, k)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        y = _Linear.apply(x2, weight)
+    else:
+        y = linear_raw(x2, weight)
+    return y.reshape(*lead, weight.shape[0])

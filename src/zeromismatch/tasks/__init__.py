@@ -1,0 +1,1 @@
+"""RL tasks: datasets, prompts and rewards (``math``), and tokenizers for tiny presets."""
