@@ -81,6 +81,18 @@ class BlockAllocator:
             self.free.append(b)
 
 
+class _Gather(dict):
+    """Gathers a state tensor for the batch's slots on first access (modes read only what they use)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], slots: torch.Tensor):
+        super().__init__()
+        self.tensors, self.slots = tensors, slots
+
+    def __missing__(self, name: str) -> torch.Tensor:
+        value = self[name] = self.tensors[name][self.slots]
+        return value
+
+
 class BatchCacheView:
     """The slice of CacheStorage for the B sequences of one forward call (implements models.layout.CacheView)."""
 
@@ -91,7 +103,7 @@ class BatchCacheView:
         self.tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], device=device)
 
     def gdn_state(self, layer_idx: int) -> dict[str, torch.Tensor]:
-        return {n: t[self.slots] for n, t in self.s.gdn[layer_idx].items()}
+        return _Gather(self.s.gdn[layer_idx], self.slots)
 
     def ssm_inplace(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(the layer's whole fp32 [slots, HV, K, V] state tensor, this batch's slot indices): for kernels that

@@ -131,6 +131,8 @@ class Engine:
 
     def release(self, request_id: int) -> None:
         """Free a parked sequence's slot and blocks."""
+        if request_id not in self.parked:
+            raise KeyError(f"request {request_id} is not parked (finished without keep_cache, or unknown)")
         self._free(self.parked.pop(request_id))
 
     def has_work(self) -> bool:

@@ -23,7 +23,7 @@ def block_hashes(tokens: list[int], n_blocks: int) -> list[int]:
 @dataclass
 class Entry:
     block: int
-    snapshot: dict
+    snapshot: dict | None  # GDN state at the block's end; None when no computation stopped there
 
 
 class PrefixCache:
@@ -38,26 +38,30 @@ class PrefixCache:
         """Longest cached prefix of whole blocks, leaving at least one token to compute (its logits are
         needed). Returns (block ids, GDN snapshot at its end or None)."""
         n = (len(tokens) - 1) // BLOCK_SIZE
-        blocks, snap = [], None
+        chain, blocks, snap = [], [], None
         for h in block_hashes(tokens, n):
             e = self.entries.get(h)
             if e is None:
                 break
             self.entries.move_to_end(h)
-            blocks.append(e.block)
-            snap = e.snapshot
+            chain.append(e.block)
+            if e.snapshot is not None:  # resumable here: KV of the chain so far + GDN state
+                blocks, snap = list(chain), e.snapshot
         self.queries_tokens += len(tokens)
         self.hits_tokens += len(blocks) * BLOCK_SIZE
         return blocks, snap
 
     def insert(self, tokens: list[int], block_table: list[int], n_blocks: int, snapshot_fn) -> None:
-        """Register block n_blocks-1 of a sequence whose computed tokens just reached n_blocks * 64."""
-        h = block_hashes(tokens, n_blocks)[-1]
-        if h in self.entries:
-            return
-        block = block_table[n_blocks - 1]
-        self.alloc.incref(block)
-        self.entries[h] = Entry(block, snapshot_fn())
+        """Register the first n_blocks blocks of a sequence whose computed tokens just reached n_blocks * 64;
+        the GDN snapshot belongs to the last of them (earlier ones were passed inside one prefill piece)."""
+        for i, h in enumerate(block_hashes(tokens, n_blocks)):
+            last = i == n_blocks - 1
+            e = self.entries.get(h)
+            if e is None:
+                self.alloc.incref(block_table[i])
+                self.entries[h] = Entry(block_table[i], snapshot_fn() if last else None)
+            elif last and e.snapshot is None:
+                e.snapshot = snapshot_fn()
         while len(self.entries) > self.max_entries:
             self._evict_one()
 

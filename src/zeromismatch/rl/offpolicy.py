@@ -176,6 +176,13 @@ class RunAheadBuffer:
         del self._in_flight[ticket]
         self._ready[ticket] = group
 
+    def abandon_in_flight(self) -> int:
+        """Forget groups still generating (their rollouts were lost, e.g. an async run resumed from a
+        checkpoint): free their slots so the generator can admit replacements. Returns how many."""
+        n = len(self._in_flight)
+        self._in_flight.clear()
+        return n
+
     def release_after_weights_reached_generator(self, step: int) -> int:
         """The weights produced by `step` (version step + 1) are live in the generator: free the slots of
         the groups trained by steps <= step. Versions may be skipped (a lagging generator loads only the

@@ -201,7 +201,7 @@ class GatedDeltaNet(nn.Module):
         o = o.transpose(1, 2).gather(1, out_idx[..., None, None].expand(-1, -1, self.hv, self.dv))
         # new boundary state and open chunk
         full = (r + n) // CHUNK
-        ssm = states[torch.arange(b), :, full]
+        ssm = states[torch.arange(b, device=full.device), :, full]
         left = (r + n) % CHUNK
         jb = torch.arange(CHUNK, device=new.device)[None, :]
         bidx = torch.where(jb < left[:, None], full[:, None] * CHUNK + jb, width)

@@ -1,0 +1,615 @@
+#!/usr/bin/env python
+"""THE device script for the H200 (one call builds, checks and times everything; results -> $OUT/*.json).
+
+    PYTHONPATH=src python experiments/gpu/h200_suite.py --out $OUT [--sections a,b,...] [--deadline 540]
+
+Sections (in priority order; each is isolated: an exception is recorded and the next section runs; a section
+that would start after --deadline seconds is skipped and recorded as such):
+  env           versions, GPU, command
+  reduce        row reductions: ours invariant over row count (and torch's .mean, for contrast)
+  gemm_check    Triton GEMM vs float64 (rel. error), every config
+  gemm_inv      row invariance over M for model + training shapes, both policies; torch F.linear for contrast
+  gemm_cfg      config independence: are the bits the same for every tile config / TMA vs pointer loads?
+                (decides whether the "adaptive" policy is valid); also Triton vs cuBLAS bits
+  bmm           batched matmul invariance over batch count (ours; torch for contrast)
+  gdn           recurrent kernel: vs float64 reference, alone == batched, split with carried state, slots
+  gdn_chunk     chunked forward on CUDA: vs float64 torch reference, batch invariance, prefix stability
+  parity        trainer vs generator logprobs, bf16 models (tiny, tiny_moe, qwen3_5_mid) x (stock, bi, bi_chunk)
+  gemm_time     invariant GEMM vs default cuBLAS at training and decode shapes
+  gdn_time      recurrent kernel configs: 8 x 4096 tokens, 32 heads, K=V=128; decode 64 seqs vs the state floor
+  model_time    trainer forward (no grad) tokens/s for qwen3_5_mid, per mode
+  cublaslt      a subprocess with cuBLASLt preferred and its workspace starved: invariance + timing + bits
+  pytest        tests/gpu under pytest (output in $OUT/pytest_gpu.txt)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEV = "cuda"
+T0 = time.time()
+
+
+def log(*a):
+    print(f"[{time.time() - T0:7.1f}s]", *a, flush=True)
+
+
+def bench(fn, warmup=10, rep=40):
+    """Median ms with CUDA events (do_bench's median)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def rand(*shape, dtype=torch.bfloat16, seed=0, scale=1.0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return (torch.randn(*shape, device=DEV, generator=g) * scale).to(dtype)
+
+
+def relerr(a, ref):
+    a, ref = a.double(), ref.double()
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+# ----------------------------------------------------------------------------------------------- sections
+
+
+def sec_env(res, args):
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    return {
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0),
+        "sm_count": p.multi_processor_count,
+        "gemm_policy_default": __import__("zeromismatch.kernels.gemm", fromlist=["POLICY"]).POLICY,
+        "env": {k: os.environ.get(k) for k in ("CUBLASLT_WORKSPACE_SIZE", "CUBLAS_WORKSPACE_CONFIG", "ZM_GEMM_POLICY")},
+    }
+
+
+def sec_ceilings(res, args):
+    x = torch.empty(2 * 1024**3 // 4, device=DEV, dtype=torch.float32).normal_()
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    a, b = rand(8192, 8192, seed=1), rand(8192, 8192, seed=2)
+    mm = bench(lambda: a @ b)
+    return {"copy_TBps": 2 * x.numel() * 4 / ms / 1e9, "bf16_8192_matmul_TFLOPs": 2 * 8192**3 / mm / 1e9}
+
+
+def sec_reduce(res, args):
+    from zeromismatch.kernels import mean_sq_last
+
+    out = {}
+    for d in (128, 1024, 4096):
+        x = rand(8192, d, dtype=torch.float32, seed=d)
+        full = mean_sq_last(x)
+        tfull = x.pow(2).mean(-1, keepdim=True)
+        ours, theirs = True, True
+        for m in (1, 2, 3, 8, 31, 64, 100, 1000, 4096):
+            ours &= torch.equal(mean_sq_last(x[:m]), full[:m])
+            theirs &= torch.equal(x[:m].pow(2).mean(-1, keepdim=True), tfull[:m])
+        out[f"D{d}"] = {"ours_invariant": ours, "torch_mean_invariant": theirs,
+                        "ours_relerr_vs_f64": relerr(full, x.double().pow(2).mean(-1, keepdim=True))}
+    return out
+
+
+TRAIN_KN = [(4096, 4096), (4096, 12352), (4096, 12288), (12288, 4096)]
+MODEL_KN = [(256, 512), (256, 256), (256, 4), (768, 256), (256, 768), (256, 2048), (256, 192), (192, 256), (256, 1),
+            (256, 8), (1024, 8192), (1024, 4096), (1024, 32), (4096, 1024), (1024, 1024)]
+
+
+def sec_gemm_check(res, args):
+    from zeromismatch.kernels.gemm import CONFIGS, linear_raw
+
+    out = {}
+    for (m, k, n) in [(1000, 1024, 4096), (3, 4096, 12352), (5000, 256, 4)]:
+        x, w = rand(m, k, seed=3), rand(n, k, seed=4, scale=0.02)
+        ref = x.double() @ w.double().t()
+        for name, c in CONFIGS.items():
+            if name.startswith("f32"):
+                continue
+            try:
+                y = linear_raw(x, w, name)
+                out[f"{m}x{k}x{n}:{name}"] = relerr(y, ref)
+            except Exception as e:  # e.g. TMA on an unaligned shape
+                out[f"{m}x{k}x{n}:{name}"] = f"error: {type(e).__name__}: {str(e)[:200]}"
+        xf, wf = x.float(), w.float()
+        for name in ("f32", "f32_s"):
+            out[f"{m}x{k}x{n}:{name}"] = relerr(linear_raw(xf, wf, name), ref)
+        out[f"{m}x{k}x{n}:torch_fp32"] = relerr(xf @ wf.t(), ref)
+    return out
+
+
+def _inv_check(fn, x, ms):
+    full = fn(x)
+    bad = []
+    for m in ms:
+        if not torch.equal(fn(x[:m]), full[:m]):
+            bad.append(m)
+        # a row from the middle, alone
+        i = m // 2
+        if not torch.equal(fn(x[i : i + 1]), full[i : i + 1]):
+            bad.append(f"row{i}")
+    return bad
+
+
+def sec_gemm_inv(res, args):
+    import torch.nn.functional as F
+
+    from zeromismatch.kernels.gemm import linear_raw
+
+    out = {}
+    ms_small = [1, 2, 3, 7, 16, 17, 63, 64, 65, 128, 255, 256, 300, 513, 1000, 2047, 2048]
+    for (k, n) in MODEL_KN + TRAIN_KN:
+        mmax = 16384 if (k, n) in TRAIN_KN else 4096
+        ms = ms_small + ([4096, 8191] if mmax > 4096 else [])
+        x, w = rand(mmax, k, seed=5), rand(n, k, seed=6, scale=0.02)
+        r = {}
+        for pol in ("fixed", "adaptive"):
+            r[pol] = _inv_check(lambda t: linear_raw(t, w, policy=pol), x, ms)
+        r["torch_default"] = _inv_check(lambda t: F.linear(t, w), x, ms)
+        if k <= 1024:
+            xf, wf = x[:4096].float(), w.float()
+            r["fp32_ours"] = _inv_check(lambda t: linear_raw(t, wf), xf, ms_small)
+            r["fp32_torch"] = _inv_check(lambda t: F.linear(t, wf), xf, ms_small)
+        out[f"K{k}_N{n}"] = {a: (True if not b else b[:8]) for a, b in r.items()}
+        torch.cuda.empty_cache()
+    summary = {pol: all(v[pol] is True for v in out.values()) for pol in ("fixed", "adaptive")}
+    summary["fp32_ours"] = all(v.get("fp32_ours", True) is True for v in out.values())
+    summary["torch_default"] = all(v["torch_default"] is True for v in out.values())
+    return {"summary": summary, "per_shape": out}
+
+
+def sec_gemm_cfg(res, args):
+    import torch.nn.functional as F
+
+    from zeromismatch.kernels.gemm import CONFIGS, linear_raw
+
+    out, all_same = {}, True
+    for (m, k, n) in [(512, 1024, 8192), (4096, 4096, 12352), (64, 4096, 4096), (300, 256, 512), (4096, 12288, 4096)]:
+        x, w = rand(m, k, seed=7), rand(n, k, seed=8, scale=0.02)
+        base = linear_raw(x, w, "s64")
+        same = {}
+        for name in CONFIGS:
+            if name.startswith("f32"):
+                continue
+            try:
+                same[name] = bool(torch.equal(linear_raw(x, w, name), base))
+            except Exception as e:
+                same[name] = f"error: {type(e).__name__}"
+            all_same &= same[name] is True
+        y = F.linear(x, w)
+        same["cublas_default_equal"] = bool(torch.equal(y, base))
+        same["cublas_default_frac_equal"] = float((y == base).float().mean())
+        out[f"{m}x{k}x{n}"] = same
+    return {"all_configs_bitwise_equal": all_same, "per_shape": out}
+
+
+def sec_bmm(res, args):
+    from zeromismatch.kernels.bmm import bmm
+
+    out = {}
+    shapes = [("attn_qk_d256", (64, 256, 320), torch.bfloat16), ("attn_pv_d256", (64, 320, 256), torch.bfloat16),
+              ("attn_qk_d64", (64, 64, 192), torch.bfloat16), ("attn_pv_L2048", (64, 2048, 256), torch.bfloat16),
+              ("chunk_64x128x128", (64, 128, 128), torch.float32), ("chunk_64x64x128", (64, 64, 128), torch.float32)]
+    for name, (m, k, n), dt in shapes:
+        nbmax = 1024 if k < 2048 else 256
+        a, b = rand(nbmax, m, k, dtype=dt, seed=9), rand(nbmax, k, n, dtype=dt, seed=10)
+        full, tfull = bmm(a, b), torch.matmul(a, b)
+        ours, theirs = True, True
+        for nb in (1, 2, 3, 8, 16, 33, 128, nbmax):
+            ours &= torch.equal(bmm(a[:nb], b[:nb]), full[:nb])
+            theirs &= torch.equal(torch.matmul(a[:nb], b[:nb]), tfull[:nb])
+        out[name] = {"ours_invariant": ours, "torch_invariant": theirs, "relerr": relerr(full, a.double() @ b.double())}
+    return out
+
+
+def _gdn_inputs(n, h=16, hv=32, dk=128, dv=128, seed=0, dtype=torch.bfloat16):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    mixed = torch.randn(n, 2 * h * dk + hv * dv, device=DEV, generator=g).to(dtype)
+    q = mixed[:, : h * dk].view(n, h, dk)
+    k = mixed[:, h * dk : 2 * h * dk].view(n, h, dk)
+    v = mixed[:, 2 * h * dk :].view(n, hv, dv)
+    gg = -torch.rand(n, hv, device=DEV, generator=g) * 0.3
+    beta = torch.rand(n, hv, device=DEV, generator=g)
+    return q, k, v, gg, beta
+
+
+def _cu(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV, dtype=torch.int32)
+
+
+def sec_gdn(res, args):
+    from zeromismatch.kernels.gdn_recurrent import gdn_recurrent_fwd
+    from zeromismatch.ops.gdn.reference import recurrent_fwd
+
+    out = {}
+    lens = [300, 1, 64, 1000, 17]
+    cu = _cu(lens)
+    q, k, v, g, beta = _gdn_inputs(int(cu[-1]), h=4, hv=8)
+    hv, dk, dv = 8, 128, 128
+    state = torch.zeros(len(lens), hv, dk, dv, device=DEV)
+    o = gdn_recurrent_fwd(q, k, v, g, beta, cu, state)
+    errs, alone, split = [], True, True
+    for i in range(len(lens)):
+        s, e = int(cu[i]), int(cu[i + 1])
+        qd, kd = q[s:e].double(), k[s:e].double()
+        qd = qd * torch.rsqrt((qd * qd).sum(-1, keepdim=True) + 1e-6) * dk**-0.5
+        kd = kd * torch.rsqrt((kd * kd).sum(-1, keepdim=True) + 1e-6)
+        rep = hv // qd.shape[1]
+        qd, kd = (x.repeat_interleave(rep, 1).transpose(0, 1)[None] for x in (qd, kd))
+        oref, sref = recurrent_fwd(qd, kd, v[s:e].double().transpose(0, 1)[None], g[s:e].double().t()[None],
+                                   beta[s:e].double().t()[None], torch.zeros(1, hv, dk, dv, device=DEV, dtype=torch.float64))
+        errs.append(max(relerr(o[s:e], oref[0].transpose(0, 1)), relerr(state[i], sref[0])))
+        st1 = torch.zeros(1, hv, dk, dv, device=DEV)
+        o1 = gdn_recurrent_fwd(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], _cu([e - s]), st1)
+        alone &= bool(torch.equal(o1, o[s:e]) and torch.equal(st1[0], state[i]))
+        if e - s > 2:  # split in 3 pieces through cache slots, fp32 state carried
+            cache = torch.randn(6, hv, dk, dv, device=DEV)
+            cache[4] = 0
+            cuts = [s, s + (e - s) // 3, s + (e - s) // 3 + 1, e]
+            parts = [gdn_recurrent_fwd(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], _cu([b - a]), cache,
+                                       torch.tensor([4], device=DEV)) for a, b in zip(cuts[:-1], cuts[1:])]
+            split &= bool(torch.equal(torch.cat(parts), o[s:e]) and torch.equal(cache[4], state[i]))
+    out["max_relerr_vs_f64"] = max(errs)
+    out["alone_equals_batched"] = alone
+    out["split_with_state_exact"] = split
+    # decode-style: many sequences of 1 token each, slots scattered in a cache, vs each alone
+    n = 64
+    q, k, v, g, beta = _gdn_inputs(n, h=4, hv=8, seed=3)
+    cache = torch.randn(100, hv, dk, dv, device=DEV) * 0.1
+    snap = cache.clone()
+    slots = torch.randperm(100, device=DEV)[:n]
+    od = gdn_recurrent_fwd(q, k, v, g, beta, _cu([1] * n), cache, slots)
+    ok = True
+    for i in (0, 5, 63):
+        c2 = snap.clone()
+        oi = gdn_recurrent_fwd(q[i : i + 1], k[i : i + 1], v[i : i + 1], g[i : i + 1], beta[i : i + 1], _cu([1]), c2,
+                               slots[i : i + 1])
+        ok &= bool(torch.equal(oi, od[i : i + 1]) and torch.equal(c2[slots[i]], cache[slots[i]]))
+    untouched = torch.ones(100, dtype=torch.bool, device=DEV)
+    untouched[slots] = False
+    out["decode_slots_exact"] = ok
+    out["decode_other_slots_untouched"] = bool(torch.equal(cache[untouched], snap[untouched]))
+    return out
+
+
+def sec_gdn_chunk(res, args):
+    import torch.nn.functional as F
+
+    from zeromismatch.kernels.gdn_chunk import chunk_fwd
+    from zeromismatch.ops.gdn.reference import chunk_fwd_torch
+
+    g = torch.Generator(device=DEV).manual_seed(11)
+    b, h, t, dk, dv = 4, 8, 256, 128, 128
+    q = F.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1) * dk**-0.5
+    k = F.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1)
+    v = torch.randn(b, h, t, dv, device=DEV, generator=g)
+    gg = -torch.rand(b, h, t, device=DEV, generator=g) * 0.3
+    beta = torch.rand(b, h, t, device=DEV, generator=g)
+    s0 = torch.randn(b, h, dk, dv, device=DEV, generator=g) * 0.1
+    o, st = chunk_fwd(q, k, v, gg, beta, s0)
+    o64, st64 = chunk_fwd_torch(*(x.double() for x in (q, k, v, gg, beta, s0)))
+    o1, st1 = chunk_fwd(q[2:3], k[2:3], v[2:3], gg[2:3], beta[2:3], s0[2:3])
+    prefix = True
+    for r in (1, 2, 31, 63):
+        def pad(x):
+            y = torch.zeros_like(x[:, :, 128:192])
+            y[:, :, :r] = x[:, :, 128 : 128 + r]
+            return y
+
+        op, _ = chunk_fwd(pad(q), pad(k), pad(v), pad(gg), pad(beta), st[:, :, 2])
+        prefix &= bool(torch.equal(op[:, :, :r], o[:, :, 128 : 128 + r]))
+    # decode-style: one sequence's open chunk alone vs inside a batch
+    op1, _ = chunk_fwd(*(x[1:2, :, 128:192] for x in (q, k, v, gg, beta)), st[1:2, :, 2])
+    return {
+        "relerr_o_vs_f64": relerr(o, o64),
+        "relerr_state_vs_f64": relerr(st, st64),
+        "relerr_torch_fp32_vs_f64": relerr(chunk_fwd_torch(q, k, v, gg, beta, s0)[0], o64),
+        "alone_equals_batched": bool(torch.equal(o1, o[2:3]) and torch.equal(st1, st[2:3])),
+        "prefix_stable_zero_padded": prefix,
+        "open_chunk_alone_equals_batched": bool(torch.equal(op1, o[1:2, :, 128:192])),
+    }
+
+
+def build_gpu_model(preset):
+    from zeromismatch.models.qwen3_5 import build_model
+
+    return build_model(preset, "stock", seed=1).to(device=DEV, dtype=torch.bfloat16)
+
+
+def parity_run(m, mode, n_prompts=16, max_slots=8, max_batched_tokens=256, grad_check=False):
+    """Generate with the engine (continuous batching), rescore with the trainer's packed forward, compare."""
+    from zeromismatch.generator import Engine, SamplingParams
+    from zeromismatch.ops.logprob import token_logprobs
+
+    m.set_numerics(mode)
+    m.zero_grad(set_to_none=True)
+    vocab = m.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in torch.randint(3, 150, (n_prompts,), generator=g)]
+    eng = Engine(m, max_slots=max_slots, max_batched_tokens=max_batched_tokens)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    outs = eng.generate(prompts, [SamplingParams(max_new_tokens=int(20 + 7 * i % 50), seed=i) for i in range(n_prompts)])
+    torch.cuda.synchronize()
+    gen_s = time.perf_counter() - t
+    seqs = [o.all_tokens for o in outs]
+    cu = [0]
+    for s in seqs:
+        cu.append(cu[-1] + len(s))
+    ids = torch.tensor([x for s in seqs for x in s], device=DEV)
+    t = time.perf_counter()
+    with torch.no_grad():
+        logits = m(ids, cu)
+    torch.cuda.synchronize()
+    score_s = time.perf_counter() - t
+
+    def compare(lg):
+        maxd, tot, n, eq = 0.0, 0.0, 0, 0
+        for i, o in enumerate(outs):
+            p, L = len(o.prompt_ids), len(o.tokens)
+            rows = torch.arange(cu[i] + p - 1, cu[i] + p - 1 + L, device=DEV)
+            lp = token_logprobs(lg[rows], torch.tensor(o.tokens, device=DEV))
+            ref = o.logprob_tensor.to(DEV)
+            d = (lp - ref).abs()
+            maxd, tot, n = max(maxd, d.max().item()), tot + d.sum().item(), n + L
+            eq += int(torch.equal(lp, ref))
+        return maxd, tot / max(n, 1), n, eq
+
+    maxd, mean_d, n, eq = compare(logits)
+    r = {"max_abs_diff": maxd, "abs_mean_diff": mean_d, "tokens": n, "seqs_equal": eq, "seqs": len(outs),
+         "gen_s": gen_s, "score_s": score_s, "gen_tokens_per_s": n / gen_s, "total_tokens": len(ids)}
+    if grad_check:  # the trainer's forward with autograd on (what RL training runs), then a backward
+        with torch.enable_grad():
+            lg = m(ids, cu)
+            r["grad_forward_max_abs_diff"] = compare(lg.detach())[0]
+            lg.float().logsumexp(-1).mean().backward()
+        gn = [p.grad.float().norm().item() for p in m.parameters() if p.grad is not None]
+        r["backward_ok"] = bool(len(gn) > 0 and all(x == x for x in gn))
+        m.zero_grad(set_to_none=True)
+    del eng
+    torch.cuda.empty_cache()
+    return r
+
+
+def sec_parity(res, args):
+    from zeromismatch.kernels import gemm
+
+    out = {}
+    for preset in args.presets.split(","):
+        try:
+            m = build_gpu_model(preset)
+        except Exception:
+            out[preset] = {"error": traceback.format_exc()[-3000:]}
+            continue
+        runs = [(pol, mode) for pol in ("fixed", "adaptive") for mode in ("bi", "bi_chunk")] + [("default", "stock")]
+        for pol, mode in runs:
+            key = f"{preset}:{mode}:{pol}"
+            if time.time() - T0 > args.deadline:
+                out[key] = "skipped: deadline"
+                continue
+            gemm.POLICY = pol if pol != "default" else gemm.POLICY
+            try:
+                out[key] = parity_run(m, mode, grad_check=(preset.startswith("tiny") and pol == "fixed"))
+            except Exception:
+                out[key] = {"error": traceback.format_exc()[-3000:]}
+            brief = {a: b for a, b in out[key].items() if a in ("max_abs_diff", "error", "gen_s", "grad_forward_max_abs_diff")}
+            log("parity", key, str(brief)[-600:])
+        del m
+        torch.cuda.empty_cache()
+    gemm.POLICY = "adaptive"
+    return out
+
+
+def sec_gemm_time(res, args):
+    import torch.nn.functional as F
+
+    from zeromismatch.kernels.gemm import linear_raw, pick, _tma_ok
+
+    out = {"train": {}, "decode": {}, "lm_head_fp32": {}}
+    train_cfgs = ["m128", "l256", "m128_tma", "l256_tma"]
+    dec_cfgs = ["s16", "s32", "s64", "s32_tma", "s64_tma", "m128_tma"]
+    for kind, ms, cfgs in (("train", (4096, 16384), train_cfgs), ("decode", (1, 16, 64, 256), dec_cfgs)):
+        for (k, n) in TRAIN_KN:
+            w = rand(n, k, seed=12, scale=0.02)
+            for m in ms:
+                if time.time() - T0 > args.deadline:
+                    out[kind][f"M{m}_K{k}_N{n}"] = "skipped: deadline"
+                    continue
+                x = rand(m, k, seed=13)
+                r = {"cublas_ms": bench(lambda: F.linear(x, w))}
+                for c in cfgs:
+                    try:
+                        r[c] = bench(lambda: linear_raw(x, w, c))
+                    except Exception as e:
+                        r[c] = f"error: {type(e).__name__}"
+                for pol in ("fixed", "adaptive"):
+                    name = pick(m, n, k, x.dtype, _tma_ok(x, w, n), pol)
+                    r[f"policy_{pol}"] = name
+                    r[f"policy_{pol}_ms"] = r[name] if isinstance(r.get(name), float) else bench(lambda: linear_raw(x, w, name))
+                    r[f"policy_{pol}_ratio"] = r[f"policy_{pol}_ms"] / r["cublas_ms"]
+                best = min((v, c) for c, v in r.items() if c in cfgs and isinstance(v, float))
+                r["best_cfg"], r["best_ratio"] = best[1], best[0] / r["cublas_ms"]
+                r["tflops_best"] = 2 * m * n * k / best[0] / 1e9
+                out[kind][f"M{m}_K{k}_N{n}"] = r
+    for m in (1, 64, 2048):
+        x, w = rand(m, 1024, dtype=torch.float32, seed=14), rand(32768, 1024, dtype=torch.float32, seed=15, scale=0.02)
+        r = {"torch_fp32_ms": bench(lambda: F.linear(x, w))}
+        for c in ("f32", "f32_s"):
+            r[c] = bench(lambda: linear_raw(x, w, c))
+        r["ratio_f32"] = r["f32"] / r["torch_fp32_ms"]
+        out["lm_head_fp32"][f"M{m}_K1024_N32768"] = r
+    return out
+
+
+def sec_gdn_time(res, args):
+    from zeromismatch.kernels.gdn_recurrent import gdn_recurrent_fwd
+
+    out = {}
+    b, t, h, hv, dk, dv = 8, 4096, 16, 32, 128, 128
+    q, k, v, g, beta = _gdn_inputs(b * t, h=h, hv=hv, seed=21)
+    cu = _cu([t] * b)
+    o = torch.empty(b * t, hv, dv, device=DEV, dtype=torch.bfloat16)
+    state = torch.zeros(b, hv, dk, dv, device=DEV)
+    prefill = {}
+    for bv, warps, stages in [(16, 1, 2), (8, 1, 2), (32, 1, 2), (16, 2, 2), (32, 2, 2), (32, 4, 2), (64, 4, 2), (16, 1, 3), (16, 1, 1)]:
+        key = f"BV{bv}_w{warps}_s{stages}"
+        try:
+            prefill[key] = bench(lambda: gdn_recurrent_fwd(q, k, v, g, beta, cu, state, out=o, block_v=bv,
+                                                           num_warps=warps, num_stages=stages), warmup=3, rep=20)
+        except Exception as e:
+            prefill[key] = f"error: {type(e).__name__}: {str(e)[:200]}"
+    out["prefill_8x4096_h32_ms"] = prefill
+    # decode: 64 sequences, 1 token, states in a 64-slot cache, in place
+    n = 64
+    q, k, v, g, beta = _gdn_inputs(n, h=h, hv=hv, seed=22)
+    cache = torch.randn(n, hv, dk, dv, device=DEV) * 0.01
+    slots = torch.arange(n, device=DEV)
+    cu1 = _cu([1] * n)
+    od = torch.empty(n, hv, dv, device=DEV, dtype=torch.bfloat16)
+    dec = {}
+    for bv, warps, stages in [(16, 1, 2), (8, 1, 2), (32, 1, 2), (32, 2, 2), (32, 4, 2), (64, 4, 2), (128, 4, 2)]:
+        key = f"BV{bv}_w{warps}_s{stages}"
+        try:
+            dec[key] = bench(lambda: gdn_recurrent_fwd(q, k, v, g, beta, cu1, cache, slots, out=od, block_v=bv,
+                                                       num_warps=warps, num_stages=stages), warmup=20, rep=100)
+        except Exception as e:
+            dec[key] = f"error: {type(e).__name__}: {str(e)[:200]}"
+    dst = torch.empty_like(cache)
+    floor = bench(lambda: dst.copy_(cache), warmup=20, rep=100)
+    out["decode_64seq_ms"] = dec
+    out["decode_state_floor_ms"] = floor
+    out["decode_best_over_floor"] = min(x for x in dec.values() if isinstance(x, float)) / floor
+    return out
+
+
+def sec_model_time(res, args):
+    from zeromismatch.kernels import gemm
+    from zeromismatch.models.qwen3_5 import build_model
+
+    out = {}
+    pol = "adaptive" if res.get("gemm_cfg", {}).get("all_configs_bitwise_equal") else "fixed"
+    gemm.POLICY = pol
+    out["gemm_policy"] = pol
+    m = build_model("qwen3_5_mid", "stock", seed=1).to(device=DEV, dtype=torch.bfloat16)
+    cu = [i * 1024 for i in range(9)]
+    ids = torch.randint(0, m.config.vocab_size, (cu[-1],), device=DEV)
+    for mode in ("stock", "bi", "bi_chunk"):
+        if time.time() - T0 > args.deadline:
+            out[mode] = "skipped: deadline"
+            continue
+        m.set_numerics(mode)
+        with torch.no_grad():
+            ms = bench(lambda: m(ids, cu), warmup=1, rep=3)
+        out[mode] = {"fwd_ms": ms, "tokens_per_s": cu[-1] / ms * 1e3}
+    return out
+
+
+def sec_cublaslt(res, args):
+    env = dict(os.environ, CUBLASLT_WORKSPACE_SIZE="1", CUBLAS_WORKSPACE_CONFIG=":16:8")
+    path = os.path.join(args.out, "cublaslt.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--cublaslt-worker", "--out", args.out]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(30, args.deadline + 60 - (time.time() - T0)))
+    r = json.load(open(path)) if os.path.exists(path) else {}
+    r["rc"] = p.returncode
+    r["stderr_tail"] = p.stderr[-2000:]
+    return r
+
+
+def cublaslt_worker(args):
+    """Runs in a process whose env starves cuBLASLt's workspace (set before CUDA init)."""
+    import torch.nn.functional as F
+
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    from zeromismatch.kernels.gemm import linear_raw
+
+    out = {"env": {k: os.environ.get(k) for k in ("CUBLASLT_WORKSPACE_SIZE", "CUBLAS_WORKSPACE_CONFIG")}, "inv": {}, "time": {}, "bits_vs_triton": {}}
+    ms_small = [1, 2, 3, 7, 16, 17, 63, 64, 65, 128, 255, 256, 300, 513, 1000, 2048]
+    for (k, n) in MODEL_KN + TRAIN_KN:
+        x, w = rand(8192, k, seed=5), rand(n, k, seed=6, scale=0.02)
+        out["inv"][f"K{k}_N{n}"] = _inv_check(lambda t: F.linear(t, w), x, ms_small + [8192]) or True
+        if (k, n) in TRAIN_KN or k == 1024:
+            for m in (4096, 64):
+                y = F.linear(x[:m], w)
+                out["bits_vs_triton"][f"M{m}_K{k}_N{n}"] = {c: float((linear_raw(x[:m], w, c) == y).float().mean())
+                                                          for c in ("s64", "m128_tma")}
+    a, b = rand(512, 64, 256), rand(512, 256, 320)
+    full = torch.matmul(a, b)
+    out["bmm_inv"] = all(torch.equal(torch.matmul(a[:nb], b[:nb]), full[:nb]) for nb in (1, 2, 3, 16, 100))
+    for (k, n) in TRAIN_KN:
+        w = rand(n, k, seed=12, scale=0.02)
+        for m in (1, 16, 64, 256, 4096, 16384):
+            x = rand(m, k, seed=13)
+            out["time"][f"M{m}_K{k}_N{n}"] = bench(lambda: F.linear(x, w))
+    out["all_invariant"] = all(v is True for v in out["inv"].values())
+    json.dump(out, open(os.path.join(args.out, "cublaslt.json"), "w"), indent=1)
+
+
+def sec_pytest(res, args):
+    path = os.path.join(args.out, "pytest_gpu.txt")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/gpu", "-p", "no:cacheprovider"],
+                       cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=max(30, args.deadline + 90 - (time.time() - T0)))
+    open(path, "w").write(p.stdout + "\n" + p.stderr)
+    tail = [line for line in p.stdout.splitlines() if line.strip()][-1:] if p.stdout else []
+    return {"rc": p.returncode, "summary": tail[0] if tail else "", "log": "pytest_gpu.txt"}
+
+
+SECTIONS = ["env", "ceilings", "reduce", "gemm_cfg", "gemm_check", "gemm_inv", "bmm", "gdn", "gdn_chunk", "parity",
+            "gemm_time", "gdn_time", "cublaslt", "pytest", "model_time"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "results/gpu"))
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--presets", default="tiny,tiny_moe,qwen3_5_mid")
+    ap.add_argument("--deadline", type=float, default=520.0, help="seconds after which sections are skipped")
+    ap.add_argument("--tag", default="suite")
+    ap.add_argument("--cublaslt-worker", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    sys.path.insert(0, os.path.join(ROOT, "src"))
+    if args.cublaslt_worker:
+        cublaslt_worker(args)
+        return
+    from zeromismatch.kernels import configure_cuda
+
+    configure_cuda()
+    res: dict = {}
+    path = os.path.join(args.out, f"h200_{args.tag}.json")
+    for name in args.sections.split(","):
+        if time.time() - T0 > args.deadline and name not in ("env",):
+            res[name] = "skipped: deadline"
+            continue
+        log("section", name)
+        t = time.time()
+        try:
+            res[name] = globals()[f"sec_{name}"](res, args)
+        except Exception:
+            res[name] = {"error": traceback.format_exc()[-4000:]}
+        if isinstance(res[name], dict):
+            res[name]["_section_s"] = round(time.time() - t, 1)
+        json.dump(res, open(path, "w"), indent=1, default=str)
+        brief = json.dumps(res[name], default=str)
+        log(name, brief[:1500])
+    log("done", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""`python run.py job=rl ...` (the default job): async off-policy RL.
+
+    task prompts -> RolloutWorker (Engine on the generator's copy of the model, rewards) -> RunAheadBuffer
+    -> Trainer (packed varlen forward, policy loss, AdamW) -> weights -> RolloutWorker (hot swap)
+
+Logs every step to JSONL + W&B (offline unless a key is set): the NOTES 4 metrics plus the precision /
+staleness split. Checkpoints every `rl.checkpoint_every` steps into the run dir; `job.resume=<checkpoint
+.pt>` continues the run (bit for bit with `rl.deterministic=true`).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from ..generator import Engine, SamplingParams
+from ..logging import MetricsLogger
+from ..models.qwen3_5 import build_model
+from ..rl.controller import RolloutWorker, run_async, run_lockstep
+from ..rl.losses import loss_config
+from ..rl.offpolicy import RunAheadBuffer
+from ..trainer.trainer import Trainer
+
+
+def build_task(cfg, vocab_size: int):
+    """(task, tokenizer or None). The toy task needs no tokenizer."""
+    name = cfg.task.name
+    if not cfg.task.get("implemented", True):
+        raise NotImplementedError(f"task {name!r} is configured but not implemented yet (conf/task/{name}.yaml)")
+    if name == "toy":
+        from ..tasks.toy import ToyTask
+
+        return ToyTask(vocab_size, seed=cfg.seed), None
+    if name == "math":
+        from ..tasks.math.task import MathTask, get_tokenizer
+
+        tok = get_tokenizer(cfg)
+        return MathTask(cfg.task, tok, seed=cfg.seed), tok
+    raise ValueError(f"unknown task {name!r}: choose toy or math (search/agent are not implemented yet)")
+
+
+def initial_model(cfg):
+    """SFT warm start for the math task on tiny presets (cached), a checkpoint if given, else random init."""
+    nx = cfg.numerics.name
+    dtype = getattr(torch, cfg.trainer.dtype)
+    if cfg.model.get("checkpoint"):
+        from ..models.qwen3_5.checkpoint import load_checkpoint
+
+        return load_checkpoint(cfg.model.checkpoint, numerics=nx, device=cfg.device, dtype=dtype)
+    if cfg.task.name == "math" and cfg.rl.get("sft_warm_start", True):
+        from ..models.qwen3_5.checkpoint import load_checkpoint
+        from .sft import ensure_sft_checkpoint
+
+        return load_checkpoint(ensure_sft_checkpoint(cfg), numerics=nx, device=cfg.device, dtype=dtype)
+    overrides = OmegaConf.to_container(cfg.model.overrides, resolve=True) if cfg.model.get("overrides") else {}
+    return build_model(cfg.model.preset, nx, seed=cfg.seed, device=cfg.device, dtype=dtype, **overrides)
+
+
+def main(cfg) -> dict:
+    rl, tr, gen = cfg.rl, cfg.trainer, cfg.generator
+    if not gen.get("implemented", True) or gen.backend != "embedded":
+        raise NotImplementedError(f"generator backend {gen.backend!r} is not implemented yet; use generator=embedded")
+    if not rl.deterministic:
+        # two roles share two cores: one intra-op thread each (oversubscribed OpenMP spins badly)
+        torch.set_num_threads(1)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+
+    model = initial_model(cfg)
+    task, tokenizer = build_task(cfg, model.config.vocab_size)
+    stop = tuple(task.stop_token_ids)
+    trainer = Trainer(
+        model,
+        lr=float(tr.lr),
+        betas=tuple(tr.betas),
+        weight_decay=float(tr.weight_decay),
+        grad_clip=tr.get("grad_clip"),
+        loss=loss_config(rl.loss, **_loss_overrides(rl)),
+        microbatch_tokens=int(tr.microbatch_tokens),
+        normalize_adv_std=bool(rl.adv_std_norm),
+        staleness_split=bool(rl.get("staleness_split", True)),
+        history=int(rl.offpolicy) + 2,
+    )
+    start, ckpt = 0, None
+    if cfg.job.get("resume"):
+        ckpt = torch.load(cfg.job.resume, weights_only=False)
+        trainer.load_state_dict(ckpt["trainer"])
+        start = ckpt["step"]
+
+    gen_model = copy.deepcopy(model).eval()
+    for p in gen_model.parameters():
+        p.requires_grad_(False)
+    max_prompt = int(rl.get("max_prompt_len", 512))
+    engine = Engine(
+        gen_model,
+        max_slots=int(gen.max_slots),
+        max_batched_tokens=int(gen.max_batched_tokens),
+        max_model_len=int(gen.max_model_len or (max_prompt + int(rl.max_new_tokens))),
+        prefix_caching=bool(gen.prefix_caching),
+        swap_policy=rl.swap_policy,
+    )
+    engine.version = trainer.version
+    group_filter = _has_spread if rl.get("dynamic_sampling", False) else None
+    order = "admission" if rl.deterministic else "completion"
+    if ckpt and not rl.deterministic:
+        ckpt["buffer"].abandon_in_flight()  # async checkpoints do not hold in-flight rollouts
+    buffer = ckpt["buffer"] if ckpt else RunAheadBuffer(int(rl.offpolicy), int(rl.prompts_per_step), initial_version=start,
+                                                         group_filter=group_filter, order=order)
+    params = SamplingParams(temperature=float(rl.temperature), max_new_tokens=int(rl.max_new_tokens), stop_token_ids=stop)
+    worker = RolloutWorker(engine, task, buffer, int(rl.samples_per_prompt), params, seed=int(cfg.seed),
+                           swap_policy=rl.swap_policy, prompts_consumed=ckpt["prompts_consumed"] if ckpt else 0)
+    if ckpt:
+        torch.set_rng_state(ckpt["torch_rng"])
+        random.setstate(ckpt["py_rng"])
+
+    logger = MetricsLogger.from_cfg(cfg)
+    ckpt_every = int(rl.get("checkpoint_every", 0) or 0)
+    eval_every = int(rl.eval_every or 0)
+    bar = tqdm(total=int(rl.steps), initial=start, desc=f"rl {cfg.numerics.name} op{rl.offpolicy}", unit="step")
+    history: list[dict] = []
+
+    def on_step(step, batch, waited):
+        t0 = time.perf_counter()
+        m = trainer.train_step(batch)
+        train_s = time.perf_counter() - t0
+        m["perf/trainer/tokens_per_second_full_step"] = m.get("train_batch/response_tokens", 0.0) / max(waited + train_s, 1e-9)
+        m["perf/trainer/wait_seconds"] = waited
+        m["perf/generator/tokens_per_second"] = engine.throughput()["generated_tokens_per_s"]
+        m["train/version"] = trainer.version
+        if eval_every and ((step + 1) % eval_every == 0 or step + 1 == int(rl.steps)):
+            m.update(_evaluate(trainer.model, task, cfg))
+        logger.log(m, step=step)
+        history.append({"step": step, **m})
+        bar.update(1)
+        bar.set_postfix(reward=f"{m['rollout_reward/avg_train_reward/mean']:.2f}", diff=f"{m.get('bit_wise/logprob_diff/abs_mean', float('nan')):.1e}")
+
+    def after_step(step):
+        if ckpt_every and ((step + 1) % ckpt_every == 0 or step + 1 == int(rl.steps)):
+            save(logger.run_dir / "checkpoint.pt", step + 1, trainer, buffer, worker)
+
+    if eval_every and start == 0:
+        logger.log(_evaluate(trainer.model, task, cfg), step=0)
+    t_run = time.perf_counter()
+    if rl.deterministic:
+        run_lockstep(worker, trainer, start, int(rl.steps), on_step, after_step)
+    else:
+        run_async(worker, trainer, start, int(rl.steps), on_step, after_step)
+    bar.close()
+    summary = _summarize(history, time.perf_counter() - t_run, logger)
+    logger.summary(summary)
+    logger.close()
+    for k, v in summary.items():
+        print(f"{k}: {v}")
+    return {"history": history, "summary": summary, "run_dir": str(logger.run_dir)}
+
+
+def save(path: Path, step: int, trainer, buffer, worker) -> None:
+    """Step-boundary checkpoint: model + optimizer + weight history, controller buffer, data position, RNG."""
+    tmp = path.with_suffix(".tmp")
+    with worker.lock:
+        torch.save(
+            {
+                "step": step,
+                "trainer": trainer.state_dict(),
+                "buffer": buffer,
+                "prompts_consumed": worker.prompts_consumed,
+                "torch_rng": torch.get_rng_state(),
+                "py_rng": random.getstate(),
+            },
+            tmp,
+        )
+    tmp.replace(path)
+
+
+def _has_spread(group) -> bool:
+    r = group.rewards
+    return bool(r.max() > r.min())
+
+
+def _loss_overrides(rl) -> dict:
+    out = {"clip_low": float(rl.clip_low), "clip_high": float(rl.clip_high), "log_ratio_clamp": float(rl.log_ratio_clamp)}
+    if rl.loss == "dppo":
+        out = {"dppo_delta": float(rl.dppo_delta), "log_ratio_clamp": float(rl.log_ratio_clamp)}
+    if rl.get("tis_cap"):
+        out["tis_cap"] = float(rl.tis_cap)
+    if rl.get("icepop"):
+        out["icepop"] = tuple(float(x) for x in rl.icepop)
+    return out
+
+
+def _evaluate(model, task, cfg) -> dict:
+    """Greedy accuracy on the task's held-out prompts: validation_reward/_mean."""
+    items = task.eval_prompts()
+    eng = Engine(model, max_slots=len(items), max_batched_tokens=int(cfg.generator.max_batched_tokens),
+                 max_model_len=max(len(i.prompt_ids) for i in items) + int(cfg.rl.max_new_tokens), prefix_caching=False)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=int(cfg.rl.max_new_tokens), stop_token_ids=tuple(task.stop_token_ids))
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        outs = eng.generate([i.prompt_ids for i in items], sp)
+    model.train(was_training)
+    rewards = [task.reward(o.tokens, i.gold) for o, i in zip(outs, items)]
+    return {"validation_reward/_mean": sum(rewards) / len(rewards), "validation/n": float(len(rewards))}
+
+
+def _summarize(history, seconds, logger) -> dict:
+    if not history:
+        return {"steps": 0}
+    first, last = history[0], history[-1]
+    evals = [h["validation_reward/_mean"] for h in history if "validation_reward/_mean" in h]
+    out = {
+        "steps": len(history),
+        "wall_seconds": round(seconds, 1),
+        "step0_logprob_abs_mean": first.get("bit_wise/logprob_diff/abs_mean"),
+        "train_reward_start": first["rollout_reward/avg_train_reward/mean"],
+        "train_reward_end": last["rollout_reward/avg_train_reward/mean"],
+        "policy_age_max": max(h.get("train_batch/policy_age_max", 0) for h in history),
+        "heldout_accuracy_end": evals[-1] if evals else None,
+        "metrics_jsonl": str(logger.jsonl_path),
+        "run_dir": str(logger.run_dir),
+    }
+    return {k: v for k, v in out.items() if v is not None}

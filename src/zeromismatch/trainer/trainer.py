@@ -1,0 +1,198 @@
+"""The RL trainer: one optimizer step per batch of groups.
+
+    metrics = trainer.train_step(batch)   # batch: rl.offpolicy.Batch
+
+Per step: group advantages (zero-spread groups dropped) -> samples packed into microbatches by token
+budget -> varlen forward (cu_seqlens reach every GDN call) -> token logprobs (the one op shared with the
+generator) -> policy loss normalized by the GLOBAL valid-token count -> backward, accumulate -> clip ->
+AdamW step. The forward's logprobs double as the mismatch metrics' trainer side; with `staleness_split`
+the batch is rescored under each generating version's weights to split the gap into precision (numerics)
+and staleness (lag).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import torch
+import torch.distributed as dist
+
+from ..rl.advantages import compute_group_advantages
+from ..rl.losses import LossConfig, policy_loss
+from ..rl.masking import count_valid_tokens
+from ..rl.metrics import gather_by_version, mismatch_decomposition, mismatch_metrics
+from ..rl.offpolicy import Batch
+from ..rl.types import Sample
+from .scoring import next_token_logprobs
+
+
+def microbatches(samples: list[Sample], max_tokens: int) -> list[list[int]]:
+    """Greedy packing of sample indices, in order, into microbatches of at most max_tokens tokens."""
+    out, cur, n = [], [], 0
+    for i, s in enumerate(samples):
+        length = s.token_ids.numel()
+        if cur and n + length > max_tokens:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(i)
+        n += length
+    if cur:
+        out.append(cur)
+    return out
+
+
+def aligned_logprobs(model, samples: list[Sample], tap=None) -> list[torch.Tensor]:
+    """Trainer logprobs aligned with each sample's token_ids (entry 0, which has no context, is NaN)."""
+    lps = next_token_logprobs(model, [s.token_ids.tolist() for s in samples], tap=tap)
+    return [torch.cat([lp.new_full((1,), float("nan")), lp]) for lp in lps]
+
+
+class Trainer:
+    def __init__(
+        self,
+        model,
+        *,
+        lr: float = 1e-6,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        grad_clip: float | None = 1.0,
+        loss: LossConfig,
+        microbatch_tokens: int = 8192,
+        normalize_adv_std: bool = False,
+        staleness_split: bool = True,
+        history: int = 5,
+        version: int = 0,
+    ):
+        self.model = model
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self.grad_clip = grad_clip
+        self.loss_cfg = loss
+        self.microbatch_tokens = microbatch_tokens
+        self.normalize_adv_std = normalize_adv_std
+        self.staleness_split = staleness_split
+        self.version = version  # weights after `version` optimizer steps
+        # weights of recent versions, to rescore tokens under the version that generated them
+        self.history: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
+        self.history_size = history
+        if staleness_split:
+            self._remember()
+
+    # ----------------------------------------------------------------------------------------- step
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        t0 = time.perf_counter()
+        groups, advs, counts = compute_group_advantages(batch.groups, normalize_std=self.normalize_adv_std)
+        metrics: dict[str, float] = {f"train_batch/{k}": float(v) for k, v in counts.as_dict().items()}
+        metrics.update({k: float(v) for k, v in batch.stats.items()})
+        all_groups_rewards = torch.cat([g.rewards for g in batch.groups])
+        metrics["rollout_reward/avg_train_reward/mean"] = float(all_groups_rewards.mean())
+        samples = [s for g in groups for s in g.samples]
+        sample_adv = torch.cat(advs) if advs else torch.zeros(0)
+        if not samples:
+            metrics["train/skipped_no_signal"] = 1.0
+            self.version += 1  # a step is still a step: versions stay aligned with the controller
+            self._remember()
+            return metrics
+
+        loss_mask = [s.loss_mask for s in samples]
+        gen_lp = [s.gen_logprobs for s in samples]
+        n_valid = count_valid_tokens(torch.cat(loss_mask), torch.cat(gen_lp)).to(torch.float64)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world > 1:
+            dist.all_reduce(n_valid)
+        self.opt.zero_grad(set_to_none=True)
+        trainer_lp: list[torch.Tensor | None] = [None] * len(samples)
+        loss_total, stats_acc = 0.0, {}
+        t_fwd = time.perf_counter()
+        for mb in microbatches(samples, self.microbatch_tokens):
+            lps = aligned_logprobs(self.model, [samples[i] for i in mb])
+            adv = torch.cat([sample_adv[i].expand(samples[i].token_ids.numel()) for i in mb])
+            loss, stats = policy_loss(
+                torch.cat(lps),
+                torch.cat([gen_lp[i] for i in mb]),
+                adv,
+                torch.cat([loss_mask[i] for i in mb]),
+                global_valid_tokens=n_valid,
+                config=self.loss_cfg,
+            )
+            # FSDP averages gradients over ranks; the loss is a global sum / global count: scale back
+            (loss * world).backward()
+            loss_total += float(loss.detach())
+            for k, v in stats.items():
+                stats_acc.setdefault(k, []).append(float(v))
+            for i, lp in zip(mb, lps):
+                trainer_lp[i] = lp.detach()
+        t_fwd_bwd = time.perf_counter() - t_fwd
+        if self.grad_clip:
+            gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            metrics["train/grad_norm"] = float(gnorm)
+        self.opt.step()
+        self.version += 1
+
+        t_cur = torch.cat(trainer_lp)
+        gen_all, mask_all = torch.cat(gen_lp), torch.cat(loss_mask)
+        metrics["train/loss"] = loss_total
+        metrics.update({f"train/{k}": sum(v) / len(v) for k, v in stats_acc.items()})
+        metrics.update({k: float(v) for k, v in mismatch_metrics(t_cur, gen_all, mask_all).items()})
+        if self.staleness_split:
+            metrics.update(self._decompose(samples, t_cur, gen_all, mask_all))
+        self._remember()
+        n_tokens = float(mask_all.sum())
+        metrics["perf/trainer/tokens_per_second_fwd_bwd"] = n_tokens / max(t_fwd_bwd, 1e-9)
+        metrics["perf/trainer/step_seconds"] = time.perf_counter() - t0
+        metrics["train_batch/response_tokens"] = n_tokens
+        return metrics
+
+    # ----------------------------------------------------------------------------- staleness split
+    @torch.no_grad()
+    def _decompose(self, samples, t_cur, gen_all, mask_all) -> dict[str, float]:
+        versions = torch.cat([s.gen_version for s in samples])
+        needed = set(torch.unique(versions[mask_all.bool()]).tolist())
+        pre_step = self.version - 1  # t_cur was computed with the weights before this step's update
+        by_version = {}
+        for v in sorted(needed):
+            if v == pre_step:
+                by_version[v] = t_cur
+            elif v in self.history:
+                by_version[v] = self._rescore(samples, self.history[v])
+        if set(by_version) != needed:
+            return {}  # a version older than the kept history: skip the split this step
+        t_old = gather_by_version(by_version, versions, mask_all)
+        return {k: float(v) for k, v in mismatch_decomposition(t_cur, t_old, gen_all, mask_all).items()}
+
+    def _rescore(self, samples, weights) -> torch.Tensor:
+        current = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(weights)
+        try:
+            out = []
+            for mb in microbatches(samples, self.microbatch_tokens):
+                out += aligned_logprobs(self.model, [samples[i] for i in mb])
+            return torch.cat(out)
+        finally:
+            self.model.load_state_dict(current)
+
+    def _remember(self) -> None:
+        if not self.staleness_split:
+            return
+        self.history[self.version] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        while len(self.history) > self.history_size:
+            self.history.popitem(last=False)
+
+    # ------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "version": self.version,
+            "history": dict(self.history),
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.model.load_state_dict(sd["model"])
+        self.opt.load_state_dict(sd["optimizer"])
+        self.version = sd["version"]
+        self.history = OrderedDict(sorted(sd["history"].items()))
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the current weights, for the generator."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

@@ -1,0 +1,156 @@
+"""GPU kernels: batch invariance (bitwise) and agreement with the plain-torch references (tolerances stated).
+Run on the H200 by experiments/gpu/h200_suite.py; skipped without CUDA."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def _gen(seed=0):
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+@pytest.mark.parametrize("d", [128, 1024, 4096])
+def test_row_reduce_invariant(d):
+    from zeromismatch.kernels import mean_sq_last, sum_sq_last
+
+    x = torch.randn(3000, d, device=DEV, generator=_gen())
+    full_m, full_s = mean_sq_last(x), sum_sq_last(x)
+    for m in (1, 2, 7, 64, 257, 3000):
+        assert torch.equal(mean_sq_last(x[:m]), full_m[:m])
+        assert torch.equal(sum_sq_last(x[m - 1 : m]), full_s[m - 1 : m])
+    torch.testing.assert_close(full_m, x.double().pow(2).mean(-1, keepdim=True).float(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["fixed", "adaptive"])
+@pytest.mark.parametrize("k,n", [(256, 512), (1024, 8192), (1024, 32), (4096, 4096), (192, 1)])
+def test_linear_row_invariant(policy, k, n):
+    from zeromismatch.kernels.gemm import linear_raw
+
+    x = torch.randn(2048, k, device=DEV, generator=_gen(1)).bfloat16()
+    w = (torch.randn(n, k, device=DEV, generator=_gen(2)) * 0.02).bfloat16()
+    full = linear_raw(x, w, policy=policy)
+    for m in (1, 3, 16, 64, 65, 300, 1024):
+        assert torch.equal(linear_raw(x[:m], w, policy=policy), full[:m]), m
+    ref = x.double() @ w.double().t()
+    assert ((full.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_linear_fp32_invariant_and_accurate():
+    from zeromismatch.kernels.gemm import linear_raw
+
+    x = torch.randn(600, 1024, device=DEV, generator=_gen(3))
+    w = torch.randn(4096, 1024, device=DEV, generator=_gen(4)) * 0.02
+    full = linear_raw(x, w)
+    for m in (1, 5, 64, 599):
+        assert torch.equal(linear_raw(x[:m], w), full[:m])
+    ref = x.double() @ w.double().t()
+    assert ((full.double() - ref).norm() / ref.norm()).item() < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bmm_batch_invariant(dtype):
+    from zeromismatch.kernels.bmm import bmm
+
+    a = torch.randn(300, 64, 256, device=DEV, generator=_gen(5)).to(dtype)
+    b = torch.randn(300, 256, 320, device=DEV, generator=_gen(6)).to(dtype)
+    full = bmm(a, b)
+    for nb in (1, 2, 9, 77):
+        assert torch.equal(bmm(a[:nb], b[:nb]), full[:nb])
+    ref = a.double() @ b.double()
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-6
+    assert ((full.double() - ref).norm() / ref.norm()).item() < tol
+
+
+def _gdn_inputs(n, h=4, hv=8, dk=128, dv=128, seed=7):
+    g = _gen(seed)
+    mixed = torch.randn(n, 2 * h * dk + hv * dv, device=DEV, generator=g).bfloat16()
+    q = mixed[:, : h * dk].view(n, h, dk)
+    k = mixed[:, h * dk : 2 * h * dk].view(n, h, dk)
+    v = mixed[:, 2 * h * dk :].view(n, hv, dv)
+    gg = -torch.rand(n, hv, device=DEV, generator=g) * 0.3
+    beta = torch.rand(n, hv, device=DEV, generator=g)
+    return q, k, v, gg, beta
+
+
+def test_gdn_recurrent_reference_and_invariance():
+    from zeromismatch.kernels.gdn_recurrent import gdn_recurrent_fwd
+    from zeromismatch.ops.gdn.reference import prepare_qk, recurrent_fwd
+
+    lens = [100, 1, 37, 250]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV, dtype=torch.int32)
+    q, k, v, g, beta = _gdn_inputs(int(cu[-1]))
+    hv, dk, dv = v.shape[1], q.shape[2], v.shape[2]
+    state = torch.zeros(len(lens), hv, dk, dv, device=DEV)
+    o = gdn_recurrent_fwd(q, k, v, g, beta, cu, state)
+    for i in range(len(lens)):
+        s, e = int(cu[i]), int(cu[i + 1])
+        qq, kk = prepare_qk(q[None, s:e].double(), k[None, s:e].double(), hv)
+        vv = v[None, s:e].double().transpose(1, 2)
+        gg, bb = g[s:e].double().t()[None], beta[s:e].double().t()[None]
+        oref, sref = recurrent_fwd(qq.double(), kk.double(), vv, gg, bb, torch.zeros(1, hv, dk, dv, device=DEV, dtype=torch.float64))
+        oref = oref[0].transpose(0, 1)
+        assert ((o[s:e].double() - oref).norm() / oref.norm()).item() < 1e-4
+        assert ((state[i].double() - sref[0]).norm() / sref[0].norm()).item() < 1e-4
+        # alone == in the batch (bitwise)
+        st1 = torch.zeros(1, hv, dk, dv, device=DEV)
+        one = torch.tensor([0, e - s], device=DEV, dtype=torch.int32)
+        o1 = gdn_recurrent_fwd(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], one, st1)
+        assert torch.equal(o1, o[s:e]) and torch.equal(st1[0], state[i])
+    # split with the fp32 state carried, through cache slots (bitwise)
+    s, e = int(cu[3]), int(cu[4])
+    cache = torch.randn(5, hv, dk, dv, device=DEV)
+    cache[2] = 0
+    slot = torch.tensor([2], device=DEV)
+    parts = []
+    for a, bnd in ((s, s + 64), (s + 64, s + 65), (s + 65, e)):
+        parts.append(gdn_recurrent_fwd(q[a:bnd], k[a:bnd], v[a:bnd], g[a:bnd], beta[a:bnd],
+                                       torch.tensor([0, bnd - a], device=DEV, dtype=torch.int32), cache, slot))
+    assert torch.equal(torch.cat(parts), o[s:e]) and torch.equal(cache[2], state[3])
+
+
+def test_gdn_recurrent_backward_matches_reference():
+    from zeromismatch.kernels.gdn_recurrent import _chunk_reference_packed, gdn_recurrent
+
+    cu = [0, 70, 75, 200]
+    q, k, v, g, beta = (x.detach().float().clone().requires_grad_(True) for x in _gdn_inputs(200, seed=9))
+    o = gdn_recurrent(q, k, v, g, beta, cu)
+    w = torch.randn_like(o)
+    grads = torch.autograd.grad((o * w).sum(), (q, k, v, g, beta))
+    o_ref = _chunk_reference_packed(q, k, v, g, beta, cu)
+    torch.testing.assert_close(o, o_ref, rtol=1e-4, atol=1e-4)
+    grads_ref = torch.autograd.grad((o_ref * w).sum(), (q, k, v, g, beta))
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b)
+
+
+def test_gdn_chunk_cuda_reference_prefix_and_batch():
+    from zeromismatch.kernels.gdn_chunk import chunk_fwd
+    from zeromismatch.ops.gdn.reference import chunk_fwd_torch
+
+    g = _gen(11)
+    b, h, t, dk, dv = 3, 4, 192, 128, 128
+    q = torch.nn.functional.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1) * dk**-0.5
+    k = torch.nn.functional.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1)
+    v = torch.randn(b, h, t, dv, device=DEV, generator=g)
+    gg = -torch.rand(b, h, t, device=DEV, generator=g) * 0.3
+    beta = torch.rand(b, h, t, device=DEV, generator=g)
+    s0 = torch.randn(b, h, dk, dv, device=DEV, generator=g) * 0.1
+    o, st = chunk_fwd(q, k, v, gg, beta, s0)
+    o64, st64 = chunk_fwd_torch(*(x.double() for x in (q, k, v, gg, beta, s0)))
+    assert ((o.double() - o64).norm() / o64.norm()).item() < 1e-5
+    assert ((st.double() - st64).norm() / st64.norm()).item() < 1e-5
+    o1, st1 = chunk_fwd(q[1:2], k[1:2], v[1:2], gg[1:2], beta[1:2], s0[1:2])
+    assert torch.equal(o1, o[1:2]) and torch.equal(st1, st[1:2])
+    for r in (1, 17, 63):  # a zero-padded open chunk from the boundary state gives the same rows
+        sl = slice(128, 128 + r)
+
+        def pad(x):
+            y = torch.zeros_like(x[:, :, 128:192])
+            y[:, :, :r] = x[:, :, sl]
+            return y
+
+        op, _ = chunk_fwd(pad(q), pad(k), pad(v), pad(gg), pad(beta), st[:, :, 2])
+        assert torch.equal(op[:, :, :r], o[:, :, sl]), r
