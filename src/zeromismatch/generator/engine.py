@@ -55,6 +55,7 @@ class Sequence:
     turn_start: int = 0  # index into `generated` where the current turn starts
     looked_up: bool = False
     finish_reason: str | None = None
+    stale_cache: bool = False  # cache kept across a 'keep' swap: mixes weight versions, never shared
 
     @property
     def num_tokens(self) -> int:
@@ -96,6 +97,7 @@ class Engine:
         self.running: list[Sequence] = []
         self.parked: dict[int, Sequence] = {}  # finished with keep_cache: slot kept for a next turn
         self._ids = itertools.count()
+        self._live: set[int] = set()  # ids of waiting, running and parked requests
         # audit hook: tap(name, activation [N, ...], layout, request_ids) for every forward (jobs/parity.py)
         self.tap = None
         self.stats = {"steps": 0, "forward_s": 0.0, "tokens_computed": 0, "tokens_generated": 0, "prefix_hit_tokens": 0}
@@ -109,7 +111,16 @@ class Engine:
             raise ValueError(
                 f"prompt ({len(prompt_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds max_model_len={self.max_model_len}"
             )
-        rid = next(self._ids) if request_id is None else request_id
+        self._check_token_ids(prompt_ids, "prompt_ids")
+        if request_id is None:
+            rid = next(self._ids)
+            while rid in self._live:  # skip ids the caller passed explicitly
+                rid = next(self._ids)
+        elif request_id in self._live:
+            raise ValueError(f"request id {request_id} is already in use (waiting, running or parked)")
+        else:
+            rid = request_id
+        self._live.add(rid)
         gen = torch.Generator().manual_seed(params.seed if params.seed is not None else rid)
         seq = Sequence(rid, list(prompt_ids), params, gen, self.version, tokens=list(prompt_ids))
         self.waiting.append(seq)
@@ -120,10 +131,14 @@ class Engine:
         generation from its cached state."""
         if request_id not in self.parked:
             raise KeyError(f"request {request_id} is not parked: finish it with SamplingParams(keep_cache=True) first")
-        seq = self.parked.pop(request_id)
-        seq.params = params or seq.params
-        if len(seq.tokens) + len(new_tokens) + seq.params.max_new_tokens > self.max_model_len:
+        seq = self.parked[request_id]
+        params = params or seq.params
+        # validate before touching the sequence: on error it stays parked (and releasable)
+        if len(seq.tokens) + len(new_tokens) + params.max_new_tokens > self.max_model_len:
             raise ValueError(f"request {request_id} would exceed max_model_len={self.max_model_len}")
+        self._check_token_ids(new_tokens, "new_tokens")
+        del self.parked[request_id]
+        seq.params = params
         seq.tokens.extend(new_tokens)
         seq.finish_reason, seq.turn_start = None, len(seq.generated)
         seq.admission_version = self.version
@@ -134,6 +149,7 @@ class Engine:
         if request_id not in self.parked:
             raise KeyError(f"request {request_id} is not parked (finished without keep_cache, or unknown)")
         self._free(self.parked.pop(request_id))
+        self._live.discard(request_id)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -196,12 +212,19 @@ class Engine:
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None, policy: str | None = None) -> None:
         """Hot-swap weights between steps. policy 'keep': in-flight sequences continue on their caches (a
         sequence can mix versions, as the published runs); 'recompute': their caches are rebuilt under the
-        new weights before they continue. Prefix-cache entries of old weights are dropped either way."""
+        new weights before they continue. Prefix-cache entries of old weights are dropped either way, and a
+        sequence that keeps an old-weight cache never publishes its blocks to the prefix cache again."""
         policy = policy or self.swap_policy
+        if policy not in ("keep", "recompute"):
+            raise ValueError(f"policy must be 'keep' or 'recompute', got {policy!r}")
         params = dict(self.model.named_parameters())
         missing = set(params) - set(state_dict)
         if missing:
             raise KeyError(f"update_weights: missing tensors {sorted(missing)[:5]}")
+        # check everything before copying anything: a failed swap must not leave half-new weights
+        bad = sorted(n for n, p in params.items() if tuple(state_dict[n].shape) != tuple(p.shape))
+        if bad:
+            raise ValueError(f"update_weights: shape mismatch for {bad[:5]}")
         for name, p in params.items():
             p.copy_(state_dict[name].to(p.dtype))
         self.version = self.version + 1 if version is None else version
@@ -211,6 +234,11 @@ class Engine:
             for s in self.running + list(self.parked.values()):
                 self.storage.reset_slot(s.slot)
                 s.num_computed = 0
+                s.stale_cache = False
+        else:  # kept caches hold old-weight tokens: they must not re-enter the (just cleared) prefix cache
+            for s in self.running + list(self.parked.values()):
+                if s.num_computed > 0:
+                    s.stale_cache = True
 
     # --------------------------------------------------------------------------------- internals
     def _admit(self) -> None:
@@ -230,6 +258,8 @@ class Engine:
                 if blocks:
                     for b in blocks:
                         self.alloc.incref(b)
+                    for b in s.block_table:  # a parked sequence reset by a 'recompute' swap still holds its blocks
+                        self.alloc.decref(b)
                     s.block_table = list(blocks)
                     self.storage.restore(s.slot, snap)
                     s.num_computed = len(blocks) * BLOCK_SIZE
@@ -254,6 +284,8 @@ class Engine:
         if self.prefix is None or s.num_computed % BLOCK_SIZE or s.num_computed == 0:
             return
         s.looked_up = True
+        if s.stale_cache:
+            return
         self.prefix.insert(s.tokens, s.block_table, s.num_computed // BLOCK_SIZE, lambda: self.storage.snapshot(s.slot))
 
     def _append_samples(self, seqs: list[Sequence], tokens: list[int], logprobs: torch.Tensor) -> list[GenerationOutput]:
@@ -275,6 +307,7 @@ class Engine:
                     self.parked[s.request_id] = s
                 else:
                     self._free(s)
+                    self._live.discard(s.request_id)
                 finished.append(self._output(s))
         return finished
 
@@ -291,6 +324,12 @@ class Engine:
             list(s.tokens),
             lp,
         )
+
+    def _check_token_ids(self, ids: list[int], what: str) -> None:
+        # an out-of-range id would fail inside step() and wedge every request of the batch
+        vocab = self.model.config.vocab_size
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            raise ValueError(f"{what} has token ids outside [0, {vocab}): min {min(ids)}, max {max(ids)}")
 
     def _free(self, s: Sequence) -> None:
         for b in s.block_table:

@@ -21,13 +21,14 @@ class SamplingParams:
     keep_cache: bool = False  # keep the slot after finishing, so the caller can append tokens and continue
 
     def __post_init__(self):
-        if self.temperature < 0:
+        # written as `not (valid)` so that NaN is refused too
+        if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
+        if not self.top_k >= 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.max_new_tokens < 1:
+        if not self.max_new_tokens >= 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         self.stop_token_ids = tuple(self.stop_token_ids)
 

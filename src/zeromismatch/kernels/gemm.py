@@ -40,6 +40,10 @@ class Cfg:
     stages: int
     group_m: int = 8
     tma: bool = False
+    persistent: bool = False  # TMA only: one program per SM looping over tiles
+    swap: bool = False  # TMA only: y^T = W x^T (W rows on the MMA's M side; for few tokens)
+    epi_split: bool = False  # persistent only: store the tile in two halves
+    ws: bool = False  # persistent only: tl.range(warp_specialize=True)
 
 
 # named configs (the suite times each); BLOCK_K is fixed per dtype
@@ -136,6 +140,48 @@ def _linear_ptr_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, strid
 
 
 @triton.jit(do_not_specialize=["M"])
+def _linear_tma_persistent_kernel(x_desc, w_desc, y_desc, M, N, K,
+                                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                                  NUM_SMS: tl.constexpr, EPI_SPLIT: tl.constexpr, WS: tl.constexpr):
+    start = tl.program_id(0)
+    num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    for tile in tl.range(start, num_tiles, NUM_SMS, flatten=True, warp_specialize=WS):
+        pid_m, pid_n = _tile_ids(tile, M, N, BM, BN, GROUP_M)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for kt in range(k_tiles):
+            a = x_desc.load([off_m, kt * BK])
+            b = w_desc.load([off_n, kt * BK])
+            acc = tl.dot(a, b.T, acc)
+        if EPI_SPLIT:
+            acc = tl.reshape(acc, (BM, 2, BN // 2))
+            acc = tl.permute(acc, (0, 2, 1))
+            c0, c1 = tl.split(acc)
+            y_desc.store([off_m, off_n], c0.to(y_desc.dtype))
+            y_desc.store([off_m, off_n + BN // 2], c1.to(y_desc.dtype))
+        else:
+            y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_tma_swap_kernel(x_desc, w_desc, y_desc, M, N, K,
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """BN rows of W (MMA M side, >= 64) x BM tokens (MMA N side): acc[BN, BM] = W_tile @ x_tile^T."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    off_n = pid_n * BN
+    off_m = pid_m * BM
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K, BK)):
+        w = w_desc.load([off_n, kt * BK])
+        x = x_desc.load([off_m, kt * BK])
+        acc = tl.dot(w, x.T, acc)
+    y_desc.store([off_m, off_n], tl.trans(acc).to(y_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["M"])
 def _linear_tma_kernel(x_desc, w_desc, y_desc, M, N, K,
                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     pid = tl.program_id(0)
@@ -150,8 +196,19 @@ def _linear_tma_kernel(x_desc, w_desc, y_desc, M, N, K,
     y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
 
 
-def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | None = None, policy: str | None = None) -> torch.Tensor:
-    """x2 [M, K], w [N, K] (same dtype: bf16 or fp32) -> [M, N] in that dtype."""
+_NUM_SMS: dict[int, int] = {}
+
+
+def _num_sms(dev: torch.device) -> int:
+    i = dev.index if dev.index is not None else torch.cuda.current_device()
+    if i not in _NUM_SMS:
+        _NUM_SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _NUM_SMS[i]
+
+
+def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | Cfg | None = None, policy: str | None = None) -> torch.Tensor:
+    """x2 [M, K], w [N, K] (same dtype: bf16 or fp32) -> [M, N] in that dtype. cfg_name: a CONFIGS name or a
+    Cfg (experiments); default: chosen by the policy."""
     configure_cuda()
     assert x2.dtype == w.dtype and x2.dtype in (torch.bfloat16, torch.float16, torch.float32), (x2.dtype, w.dtype)
     if x2.stride(-1) != 1:
@@ -164,10 +221,30 @@ def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | None = None, p
     if m == 0:
         return y
     tma_ok = _tma_ok(x2, w, n)
-    name = cfg_name or pick(m, n, k, x2.dtype, tma_ok, policy)
-    c = CONFIGS[name]
+    if isinstance(cfg_name, Cfg):
+        c = cfg_name
+    else:
+        c = CONFIGS[cfg_name or pick(m, n, k, x2.dtype, tma_ok, policy)]
     grid = (triton.cdiv(m, c.bm) * triton.cdiv(n, c.bn),)
-    if c.tma:
+    if c.tma and c.swap:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        xd = TensorDescriptor.from_tensor(x2, [c.bm, c.bk])
+        wd = TensorDescriptor.from_tensor(w, [c.bn, c.bk])
+        yd = TensorDescriptor.from_tensor(y, [c.bm, c.bn])
+        _linear_tma_swap_kernel[(triton.cdiv(n, c.bn), triton.cdiv(m, c.bm))](
+            xd, wd, yd, m, n, k, BM=c.bm, BN=c.bn, BK=c.bk, num_warps=c.warps, num_stages=c.stages)
+    elif c.tma and c.persistent:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        sms = _num_sms(x2.device)
+        xd = TensorDescriptor.from_tensor(x2, [c.bm, c.bk])
+        wd = TensorDescriptor.from_tensor(w, [c.bn, c.bk])
+        yd = TensorDescriptor.from_tensor(y, [c.bm, c.bn // 2 if c.epi_split else c.bn])
+        _linear_tma_persistent_kernel[(min(sms, grid[0]),)](
+            xd, wd, yd, m, n, k, BM=c.bm, BN=c.bn, BK=c.bk, GROUP_M=c.group_m, NUM_SMS=sms,
+            EPI_SPLIT=c.epi_split, WS=c.ws, num_warps=c.warps, num_stages=c.stages)
+    elif c.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         xd = TensorDescriptor.from_tensor(x2, [c.bm, c.bk])

@@ -1,0 +1,117 @@
+"""What the RL job needs from a task: prompts in a reproducible order, a held-out set, a reward.
+
+    task = MathTask(cfg.task, tokenizer, seed=cfg.seed)
+    it = task.train_prompts()                 # infinite, deterministic from the seed
+    item = next(it)                           # PromptItem(prompt_id, prompt_ids, gold)
+    ... generate with SamplingParams(stop_token_ids=task.stop_token_ids) ...
+    r = task.reward(response_ids, item.gold)  # float, never raises
+    evals = task.eval_prompts()               # fixed list (30 for math)
+
+Single-turn tasks (math) end after one generation: ``max_turns == 1``. Multi-turn tasks (search, agent)
+set ``max_turns > 1`` and implement ``next_turn``: after each generation the RL job asks the task what
+to append (tool output, masked from the loss) or whether the episode is over.
+
+Also here: ``cycle_shuffled`` (the epoch order every task uses) and ``locked`` (one builder per cache
+entry across processes, for the data, tokenizer and SFT caches).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    prompt_id: int  # position in the task's train (or eval) list: stable across epochs and runs
+    prompt_ids: list[int] = field(repr=False)  # chat-formatted prompt, generation header included
+    gold: str  # what ``Task.reward`` compares against (the gold answer for math)
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """What a multi-turn task answers after a generation: tokens to append (a tool's output, masked from
+    the loss) before generating again, or ``done`` (then ``append_ids`` is empty)."""
+
+    append_ids: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+class Task(ABC):
+    """The RL task protocol (module doc). Subclasses set ``name`` and implement the abstract members."""
+
+    name: str = "task"
+    max_turns: int = 1
+
+    @property
+    @abstractmethod
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """Token ids that end a generation (pass them to SamplingParams)."""
+
+    @abstractmethod
+    def train_prompts(self, start: int = 0) -> Iterator[PromptItem]:
+        """Infinite iterator over training prompts: epoch e is a permutation of the train set fixed by
+        (seed, e), so two tasks built with the same seed yield the same sequence. ``start`` skips that many
+        items (resume)."""
+
+    @abstractmethod
+    def eval_prompts(self) -> list[PromptItem]:
+        """The held-out evaluation set, in a fixed order."""
+
+    @abstractmethod
+    def reward(self, response_ids: Sequence[int], gold: Any) -> float:
+        """Score one response (generated token ids, stop token included or not). Never raises."""
+
+    def next_turn(self, item: PromptItem, token_ids: Sequence[int], response_ids: Sequence[int], turn: int) -> TurnResult:
+        """Multi-turn hook: called after generation ``turn`` (0-based) with every token so far (``token_ids``:
+        prompt, responses and earlier tool outputs) and this turn's ``response_ids``. Single-turn tasks
+        never get here: the RL job stops after one turn when ``max_turns == 1``."""
+        raise NotImplementedError(
+            f"task {self.name!r} is single-turn (max_turns={self.max_turns}): it has no next_turn; "
+            "the episode ends after the first generation. Multi-turn tasks (search, agent) override next_turn."
+        )
+
+    def close(self) -> None:
+        """Release resources (reward worker processes, tool sandboxes)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def cycle_shuffled(n: int, seed: int, start: int = 0) -> Iterator[int]:
+    """Indices 0..n-1 forever: epoch e is ``random.Random(f"{seed}:{e}")``'s shuffle of range(n) (stable
+    across Python versions and platforms for a given seed), reshuffled every epoch. ``start`` skips items."""
+    if n < 1:
+        raise ValueError("cannot cycle over an empty set of prompts")
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
+    epoch, offset = divmod(start, n)
+    while True:
+        order = list(range(n))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        yield from order[offset:]
+        epoch, offset = epoch + 1, 0
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike):
+    """Exclusive inter-process lock on ``<path>.lock`` (created if missing). Cache builders take it, check
+    whether the entry exists, and build it only if not, so parallel runs (a sweep) build it once."""
+    lock = Path(f"{os.fspath(path)}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
