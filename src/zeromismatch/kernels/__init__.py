@@ -42,6 +42,17 @@ def configure_cuda() -> None:
     _configured = True
 
 
+def enable_cublaslt_invariant() -> None:
+    """Make cuBLASLt the BLAS backend with its workspace starved (no split-K): measured batch-invariant and
+    bitwise equal to the Triton GEMMs on the H200, so ZM_GEMM_POLICY=hybrid may route large GEMMs to it.
+    Must run before CUDA is initialized (the workspace size is read once)."""
+    if torch.cuda.is_initialized():
+        raise RuntimeError("enable_cublaslt_invariant() must run before CUDA is initialized")
+    os.environ["CUBLASLT_WORKSPACE_SIZE"] = "1"
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":16:8"
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+
+
 def mean_sq_last(x: torch.Tensor) -> torch.Tensor:
     """mean(x^2) over the last dim, keepdim. CPU: x.pow(2).mean(-1, keepdim=True) exactly."""
     if on_gpu(x):
@@ -69,4 +80,4 @@ def sum_last(x: torch.Tensor) -> torch.Tensor:
     return x.sum(-1, keepdim=True)
 
 
-__all__ = ["INTERPRET", "configure_cuda", "mean_sq_last", "on_gpu", "sum_sq_last", "sum_last"]
+__all__ = ["INTERPRET", "configure_cuda", "enable_cublaslt_invariant", "mean_sq_last", "on_gpu", "sum_sq_last", "sum_last"]

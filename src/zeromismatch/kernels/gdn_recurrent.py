@@ -25,6 +25,10 @@ import triton.language as tl
 BV = 16
 NUM_WARPS = 1
 NUM_STAGES = 2
+# "v1": o from the updated state (the reference's order of operations); "v2": the next token's inputs are
+# prefetched during the current token, and o = (S_dec^T q) + (q.k) delta so that both state reductions read
+# the decayed state and run side by side (same math, different rounding; one variant serves every call)
+VARIANT = "v1"
 
 
 @triton.jit(do_not_specialize=["stride_q", "stride_k", "stride_v", "stride_g", "stride_b", "stride_o"])
@@ -61,6 +65,55 @@ def _gdn_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, state_ptr, i
     tl.store(p_s, h)
 
 
+@triton.jit(do_not_specialize=["stride_q", "stride_k", "stride_v", "stride_g", "stride_b", "stride_o"])
+def _gdn_recurrent_kernel_v2(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, state_ptr, idx_ptr, cu_ptr,
+                             stride_q, stride_k, stride_v, stride_g, stride_b, stride_o, scale,
+                             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                             BLOCK_V: tl.constexpr):
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cu_ptr + i_n).to(tl.int64)
+    eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+    slot = tl.load(idx_ptr + i_n).to(tl.int64)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    p_s = state_ptr + (slot * HV + i_hv) * (K * V) + o_k[:, None] * V + o_v[None, :]
+    h = tl.load(p_s)
+    live = bos < eos
+    q_n = tl.load(q_ptr + bos * stride_q + i_h * K + o_k, mask=live & (o_k < K), other=0.0)
+    k_n = tl.load(k_ptr + bos * stride_k + i_h * K + o_k, mask=live & (o_k < K), other=0.0)
+    v_n = tl.load(v_ptr + bos * stride_v + i_hv * V + o_v, mask=live & (o_v < V), other=0.0)
+    g_n = tl.load(g_ptr + bos * stride_g + i_hv, mask=live, other=0.0)
+    b_n = tl.load(b_ptr + bos * stride_b + i_hv, mask=live, other=0.0)
+    for t in range(bos, eos):
+        q = q_n.to(tl.float32)
+        k = k_n.to(tl.float32)
+        v = v_n.to(tl.float32)
+        g = g_n.to(tl.float32)
+        beta = b_n.to(tl.float32)
+        nxt = t + 1
+        more = nxt < eos
+        q_n = tl.load(q_ptr + nxt * stride_q + i_h * K + o_k, mask=more & (o_k < K), other=0.0)
+        k_n = tl.load(k_ptr + nxt * stride_k + i_h * K + o_k, mask=more & (o_k < K), other=0.0)
+        v_n = tl.load(v_ptr + nxt * stride_v + i_hv * V + o_v, mask=more & (o_v < V), other=0.0)
+        g_n = tl.load(g_ptr + nxt * stride_g + i_hv, mask=more, other=0.0)
+        b_n = tl.load(b_ptr + nxt * stride_b + i_hv, mask=more, other=0.0)
+        q = q * tl.rsqrt(tl.sum(q * q) + 1e-6) * scale
+        k = k * tl.rsqrt(tl.sum(k * k) + 1e-6)
+        qk = tl.sum(q * k)
+        h = h * tl.exp(g)
+        kv = tl.sum(h * k[:, None], axis=0)
+        hq = tl.sum(h * q[:, None], axis=0)
+        delta = (v - kv) * beta
+        o = hq + qk * delta
+        h = h + k[:, None] * delta[None, :]
+        tl.store(o_ptr + t * stride_o + i_hv * V + o_v, o.to(o_ptr.dtype.element_ty))
+    tl.store(p_s, h)
+
+
 def _check_tok(x: torch.Tensor, inner: int, name: str) -> torch.Tensor:
     """[N, heads, D] with the head/feature dims dense (any token stride)."""
     if x.stride(-1) != 1 or (x.dim() == 3 and x.stride(1) != inner):
@@ -69,11 +122,12 @@ def _check_tok(x: torch.Tensor, inner: int, name: str) -> torch.Tensor:
 
 
 def gdn_recurrent_fwd(q, k, v, g, beta, cu_seqlens, state, state_indices=None, out=None, out_dtype=torch.float32,
-                      block_v: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
+                      block_v: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                      variant: str | None = None):
     """q, k [N, H, K] raw (not normalized); v [N, HV, V]; g, beta [N, HV] (fp32: log decay, beta);
     cu_seqlens [B+1] int32 on the device; state fp32 [S, HV, K, V] contiguous, updated IN PLACE at rows
     state_indices[b] (default b). Returns o [N, HV, V] (out_dtype). block_v / num_warps / num_stages override
-    the module config (timing experiments only: a different config gives different bits)."""
+    the module config (timing experiments only: a different config or variant gives different bits)."""
     n_tok, h, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     b = cu_seqlens.numel() - 1
@@ -93,10 +147,11 @@ def gdn_recurrent_fwd(q, k, v, g, beta, cu_seqlens, state, state_indices=None, o
     assert dv % bv == 0
     if b:
         grid = (dv // bv, b * hv)
-        _gdn_recurrent_kernel[grid](q, k, v, g, beta, out, state, state_indices, cu_seqlens,
-                                    q.stride(0), k.stride(0), v.stride(0), g.stride(0), beta.stride(0), out.stride(0),
-                                    dk ** -0.5, H=h, HV=hv, K=dk, V=dv, BLOCK_V=bv,
-                                    num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
+        kernel = _gdn_recurrent_kernel_v2 if (variant or VARIANT) == "v2" else _gdn_recurrent_kernel
+        kernel[grid](q, k, v, g, beta, out, state, state_indices, cu_seqlens,
+                     q.stride(0), k.stride(0), v.stride(0), g.stride(0), beta.stride(0), out.stride(0),
+                     dk ** -0.5, H=h, HV=hv, K=dk, V=dv, BLOCK_V=bv,
+                     num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
     return out
 
 
