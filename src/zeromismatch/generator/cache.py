@@ -123,10 +123,9 @@ class BatchCacheView:
         self.s.v[layer_idx][blocks, pos % BLOCK_SIZE] = v.detach().to(self.s.v[layer_idx].dtype)
 
     def read_kv(self, layer_idx, layout: SeqLayout):
+        """[B, nb*64, Hkv, D] per sequence. Positions past a sequence's context hold whatever the block held
+        before (finite values): every attention form masks keys beyond the query, so they add exact zeros."""
         ctx = layout.start_pos + layout.lengths
         nb = (int(ctx.max()) + BLOCK_SIZE - 1) // BLOCK_SIZE
         tab = self.tables[:, :nb]
-        k = self.s.k[layer_idx][tab].flatten(1, 2)  # [B, nb*64, Hkv, D]
-        v = self.s.v[layer_idx][tab].flatten(1, 2)
-        live = (torch.arange(k.shape[1], device=k.device)[None, :] < ctx[:, None])[..., None, None]
-        return torch.where(live, k, 0.0), torch.where(live, v, 0.0)
+        return self.s.k[layer_idx][tab].flatten(1, 2), self.s.v[layer_idx][tab].flatten(1, 2)

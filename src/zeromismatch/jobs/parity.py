@@ -192,4 +192,21 @@ def main(cfg) -> dict:
     if "audit_table" in res:
         print(res["audit_table"])
     print(f"parity: max_abs_diff={res['max_abs_diff']:.6g} abs_mean={res['abs_mean']:.6g} tokens={res['tokens']}")
-    return {k: v for k, v in res.items() if k != "audit_table"}
+    out = {k: v for k, v in res.items() if k != "audit_table"}
+    if job.get("out"):  # results/ record: what ran, where, and what it measured
+        import json
+        import platform
+        import sys
+        from pathlib import Path
+
+        record = {
+            "command": "python run.py " + " ".join(sys.argv[1:]),
+            "machine": f"{platform.machine()} {platform.processor() or ''} cpus={torch.get_num_threads()} threads",
+            "torch": torch.__version__,
+            "model": cfg.model.preset,
+            "numerics": cfg.numerics.name,
+            **out,
+        }
+        Path(job.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(job.out).write_text(json.dumps(record, indent=2, default=str))
+    return out

@@ -9,11 +9,12 @@ share the call *for a given tile config*. Two policies choose the config:
   invariant only if the bits do not depend on the tile shape / num_warps / TMA-vs-pointer loads (one wgmma k16
   chain over K in order, fp32 accumulator). Measured on the H200 (results/gpu/README.md): every config gave
   the same bits, at every shape tried.
-- "hybrid" (opt-in, ZM_GEMM_POLICY=hybrid): M >= HYBRID_MIN_M (and every fp32 GEMM) go to cuBLASLt with its
+- "hybrid" (opt-in, ZM_GEMM_POLICY=hybrid): bf16 GEMMs with M >= HYBRID_MIN_M go to cuBLASLt with its
   workspace starved (`kernels.enable_cublaslt_invariant()` before CUDA starts; no split-K), smaller M to the
   Triton kernels. Valid because cuBLASLt's bits equal ours (measured: 100% of elements at every shape tried,
-  and end-to-end parity under this policy); it gives cuBLAS speed at training shapes. Without that cuBLASLt
-  setup the policy falls back to "adaptive".
+  and end-to-end parity under this policy). fp32 stays on Triton: cuBLASLt's fp32 GEMM is not invariant.
+  Without that cuBLASLt setup the policy falls back to "adaptive". (The adaptive policy's persistent kernel
+  already runs at cuBLAS speed at training shapes, so this is an alternative, not a requirement.)
 
 bf16 inputs use the tensor cores (wgmma on Hopper: BLOCK_M >= 64, num_warps a multiple of 4); fp32 inputs
 (the fp32 lm_head) use input_precision="ieee" (FMA, sequential over K: config independent by construction).
@@ -63,8 +64,15 @@ CONFIGS = {
     "s64_tma": Cfg(64, 64, BLOCK_K_BF16, 4, 5, tma=True),
     "m128_tma": Cfg(128, 128, BLOCK_K_BF16, 8, 4, tma=True),
     "l256_tma": Cfg(128, 256, BLOCK_K_BF16, 8, 3, tma=True),
+    # measured on the H200 (results/gpu): persistent TMA 128x256 is at cuBLAS speed for training shapes;
+    # decode shapes want narrow N tiles, BLOCK_K 128 and deep pipelines (bytes in flight); same bits as all others
+    "p256": Cfg(128, 256, BLOCK_K_BF16, 8, 3, tma=True, persistent=True),
+    "d32": Cfg(64, 32, 2 * BLOCK_K_BF16, 4, 8, tma=True),
+    "d64": Cfg(64, 64, 2 * BLOCK_K_BF16, 4, 6, tma=True),
     "f32": Cfg(64, 64, BLOCK_K_FP32, 4, 3),
     "f32_s": Cfg(32, 64, BLOCK_K_FP32, 4, 3),
+    "f32_l": Cfg(128, 128, BLOCK_K_FP32, 8, 3),
+    "f32_m": Cfg(128, 64, BLOCK_K_FP32, 8, 3),
 }
 
 
@@ -92,18 +100,14 @@ def pick(m: int, n: int, k: int, dtype: torch.dtype, tma_ok: bool, policy: str |
         name = "m128" if n >= 128 else ("s64" if n > 32 else ("s32" if n > 16 else "s16"))
         # pointer loads whatever the shape: the path must not depend on M either
         return name
-    # adaptive: decode shapes take narrow tiles (more CTAs streaming W), training shapes wide ones
+    # adaptive: decode shapes take narrow tiles (more CTAs streaming W), training shapes wide persistent ones
+    if not tma_ok:
+        return ("s32" if n >= 2048 else "s16") if m <= 64 else ("s64" if m <= 512 else "m128")
     if m <= 64:
-        name = "s32" if n >= 2048 else "s16"
-    elif m <= 512:
-        name = "s64"
-    elif m <= 2048:
-        name = "m128"
-    else:
-        name = "l256" if n >= 2048 else "m128"
-    if tma_ok and name in ("s32", "s64", "m128", "l256"):
-        name += "_tma"
-    return name
+        return "d32" if n < 64 * 132 else "d64"
+    if m <= 512:
+        return "d64"
+    return "p256" if n >= 256 else "m128_tma"
 
 
 @triton.jit
@@ -220,7 +224,7 @@ def cublaslt_invariant_ready() -> bool:
     """cuBLASLt preferred with a starved workspace (see kernels.enable_cublaslt_invariant)."""
     return (
         os.environ.get("CUBLASLT_WORKSPACE_SIZE") == "1"
-        and "lt" in str(torch.backends.cuda.preferred_blas_library()).lower()
+        and str(torch.backends.cuda.preferred_blas_library()).lower().endswith("cublaslt")
     )
 
 
@@ -229,8 +233,9 @@ def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | Cfg | None = N
     Cfg (experiments); default: chosen by the policy."""
     configure_cuda()
     policy = policy or POLICY
-    if (cfg_name is None and policy == "hybrid" and x2.is_cuda and x2.dtype in (torch.bfloat16, torch.float32)
-            and (x2.dtype == torch.float32 or x2.shape[0] >= HYBRID_MIN_M) and cublaslt_invariant_ready()):
+    # (bf16 only: cuBLASLt's fp32 GEMM is not batch-invariant even with the workspace starved, measured)
+    if (cfg_name is None and policy == "hybrid" and x2.is_cuda and x2.dtype == torch.bfloat16
+            and x2.shape[0] >= HYBRID_MIN_M and cublaslt_invariant_ready()):
         return torch.mm(x2, w.t())
     assert x2.dtype == w.dtype and x2.dtype in (torch.bfloat16, torch.float16, torch.float32), (x2.dtype, w.dtype)
     if x2.stride(-1) != 1:

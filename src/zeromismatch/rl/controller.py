@@ -78,10 +78,8 @@ class RolloutWorker:
         self.engine, self.task, self.buffer = engine, task, buffer
         self.g, self.params, self.seed = samples_per_prompt, params, seed
         self.swap_policy = swap_policy
-        self.prompts = task.train_prompts()
-        self.prompts_consumed = 0
-        for _ in range(prompts_consumed):  # resume: the prompt stream is deterministic from the seed
-            self._next_prompt()
+        self.prompts = task.train_prompts(start=prompts_consumed)  # deterministic from the seed: resumable
+        self.prompts_consumed = prompts_consumed
         self.groups: dict[int, _GroupInFlight] = {}  # request id -> group
         self.lock = threading.Lock()  # guards buffer (shared with the trainer thread in async mode)
         self.tokens_generated = 0

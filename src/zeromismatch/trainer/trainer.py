@@ -8,6 +8,11 @@ generator) -> policy loss normalized by the GLOBAL valid-token count -> backward
 AdamW step. The forward's logprobs double as the mismatch metrics' trainer side; with `staleness_split`
 the batch is rescored under each generating version's weights to split the gap into precision (numerics)
 and staleness (lag).
+
+Data parallel (FSDP2, trainer/distributed.py): every rank passes the SAME full batch; advantages and batch
+metrics are computed on the whole batch, the single-process microbatches are assigned to ranks in
+contiguous blocks, and trainer logprobs are all-gathered so that every logged metric is computed exactly as
+in one process. Without an FSDP-wrapped model the trainer runs single-process, whatever process group exists.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import time
 from collections import OrderedDict
 
 import torch
-import torch.distributed as dist
 
 from ..rl.advantages import compute_group_advantages
 from ..rl.losses import LossConfig, policy_loss
@@ -24,6 +28,7 @@ from ..rl.masking import count_valid_tokens
 from ..rl.metrics import gather_by_version, mismatch_decomposition, mismatch_metrics
 from ..rl.offpolicy import Batch
 from ..rl.types import Sample
+from .distributed import all_gather_objects, clip_grad_norm_, dp_rank_world, full_state_dict, gather_cat, plan_microbatches, reshard
 from .scoring import next_token_logprobs
 
 
@@ -63,10 +68,12 @@ class Trainer:
         staleness_split: bool = True,
         history: int = 5,
         version: int = 0,
+        exact_grad_norm: bool = True,
     ):
         self.model = model
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self.grad_clip = grad_clip
+        self.exact_grad_norm = exact_grad_norm  # FSDP only: gather grads for a bitwise single-process norm
         self.loss_cfg = loss
         self.microbatch_tokens = microbatch_tokens
         self.normalize_adv_std = normalize_adv_std
@@ -96,15 +103,20 @@ class Trainer:
 
         loss_mask = [s.loss_mask for s in samples]
         gen_lp = [s.gen_logprobs for s in samples]
+        # every rank holds the whole batch, so this is already the global count (no all-reduce needed)
         n_valid = count_valid_tokens(torch.cat(loss_mask), torch.cat(gen_lp)).to(torch.float64)
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        if world > 1:
-            dist.all_reduce(n_valid)
+        rank, world = dp_rank_world(self.model)
+        # the single-process microbatches; this rank runs a contiguous block of them, every rank n_iter times
+        local_mbs, n_iter = plan_microbatches(samples, self.microbatch_tokens, rank, world)
         self.opt.zero_grad(set_to_none=True)
         trainer_lp: list[torch.Tensor | None] = [None] * len(samples)
-        loss_total, stats_acc = 0.0, {}
+        mb_losses, mb_stats = [], []
         t_fwd = time.perf_counter()
-        for mb in microbatches(samples, self.microbatch_tokens):
+        for j in range(n_iter):
+            if j >= len(local_mbs):
+                self._noop_microbatch(samples, world, backward=True)  # keeps FSDP collectives aligned
+                continue
+            mb = local_mbs[j]
             lps = aligned_logprobs(self.model, [samples[i] for i in mb])
             adv = torch.cat([sample_adv[i].expand(samples[i].token_ids.numel()) for i in mb])
             loss, stats = policy_loss(
@@ -117,19 +129,31 @@ class Trainer:
             )
             # FSDP averages gradients over ranks; the loss is a global sum / global count: scale back
             (loss * world).backward()
-            loss_total += float(loss.detach())
-            for k, v in stats.items():
-                stats_acc.setdefault(k, []).append(float(v))
+            mb_losses.append(float(loss.detach()))
+            mb_stats.append({k: float(v) for k, v in stats.items()})
             for i, lp in zip(mb, lps):
                 trainer_lp[i] = lp.detach()
         t_fwd_bwd = time.perf_counter() - t_fwd
         if self.grad_clip:
-            gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            # plain grads: torch.nn.utils.clip_grad_norm_ as before; DTensor grads: see distributed.py
+            gnorm = clip_grad_norm_(self.model.parameters(), self.grad_clip, exact=self.exact_grad_norm)
             metrics["train/grad_norm"] = float(gnorm)
         self.opt.step()
         self.version += 1
 
-        t_cur = torch.cat(trainer_lp)
+        if world > 1:
+            # per-microbatch values in global microbatch order (ranks hold contiguous blocks, in rank order),
+            # and every token's trainer logprob: the metrics below are then the single-process computation
+            mb_losses = [x for part in all_gather_objects(mb_losses) for x in part]
+            mb_stats = [x for part in all_gather_objects(mb_stats) for x in part]
+            t_cur = gather_cat(self._local_cat(trainer_lp, local_mbs))
+        else:
+            t_cur = torch.cat(trainer_lp)
+        loss_total, stats_acc = 0.0, {}
+        for loss_mb, stats in zip(mb_losses, mb_stats):
+            loss_total += loss_mb
+            for k, v in stats.items():
+                stats_acc.setdefault(k, []).append(v)
         gen_all, mask_all = torch.cat(gen_lp), torch.cat(loss_mask)
         metrics["train/loss"] = loss_total
         metrics.update({f"train/{k}": sum(v) / len(v) for k, v in stats_acc.items()})
@@ -161,19 +185,47 @@ class Trainer:
         return {k: float(v) for k, v in mismatch_decomposition(t_cur, t_old, gen_all, mask_all).items()}
 
     def _rescore(self, samples, weights) -> torch.Tensor:
+        # Under FSDP `weights` is a sharded (DTensor) state dict: each rank keeps 1/world of the history.
+        reshard(self.model)
         current = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.load_state_dict(weights)
         try:
-            out = []
-            for mb in microbatches(samples, self.microbatch_tokens):
-                out += aligned_logprobs(self.model, [samples[i] for i in mb])
-            return torch.cat(out)
+            rank, world = dp_rank_world(self.model)
+            local_mbs, n_iter = plan_microbatches(samples, self.microbatch_tokens, rank, world)
+            out: list[torch.Tensor | None] = [None] * len(samples)
+            for j in range(n_iter):
+                if j >= len(local_mbs):
+                    self._noop_microbatch(samples, world, backward=False)
+                    continue
+                mb = local_mbs[j]
+                for i, lp in zip(mb, aligned_logprobs(self.model, [samples[i] for i in mb])):
+                    out[i] = lp
+            return gather_cat(self._local_cat(out, local_mbs)) if world > 1 else torch.cat(out)
         finally:
+            reshard(self.model)  # no-grad forwards leave FSDP units gathered
             self.model.load_state_dict(current)
+
+    # ------------------------------------------------------------------------------ data parallel
+    def _local_cat(self, per_sample: list, local_mbs: list[list[int]]) -> torch.Tensor:
+        """This rank's per-token tensors, in global sample order (its samples are one contiguous block)."""
+        parts = [per_sample[i] for mb in local_mbs for i in mb]
+        if parts:
+            return torch.cat(parts)
+        return torch.zeros(0, dtype=torch.float32, device=next(self.model.parameters()).device)
+
+    def _noop_microbatch(self, samples, world: int, backward: bool) -> None:
+        """A rank with fewer microbatches than others still runs the forward (and backward) so that the FSDP
+        all-gathers / reduce-scatters line up; its loss is multiplied by 0, so it adds exact zeros to the
+        gradient sum (only the sign of a zero can change, which AdamW's update ignores)."""
+        s = min(samples, key=lambda x: x.token_ids.numel())
+        lp = next_token_logprobs(self.model, [s.token_ids.tolist()])[0]
+        if backward:
+            (lp.sum() * 0.0 * world).backward()
 
     def _remember(self) -> None:
         if not self.staleness_split:
             return
+        reshard(self.model)
         self.history[self.version] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         while len(self.history) > self.history_size:
             self.history.popitem(last=False)
@@ -194,5 +246,6 @@ class Trainer:
         self.history = OrderedDict(sorted(sd["history"].items()))
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """A detached copy of the current weights, for the generator."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """A detached copy of the current (full) weights, for the generator. Under FSDP this is a collective
+        (every rank must call it): DTensor shards are all-gathered (distributed.full_state_dict)."""
+        return full_state_dict(self.model)

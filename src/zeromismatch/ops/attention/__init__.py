@@ -1,3 +1,3 @@
-from .reference import BLOCK, blocked_attention, sdpa_attention
+from .reference import BLOCK, TILE, blocked_attention, sdpa_attention
 
-__all__ = ["BLOCK", "blocked_attention", "sdpa_attention"]
+__all__ = ["BLOCK", "TILE", "blocked_attention", "sdpa_attention"]

@@ -4,10 +4,11 @@ Both take queries q [B, Hq, Tq, D] at absolute positions q_pos [B, Tq] (-1 = pad
 whole context k, v [B, Hkv, Tk, D]; query p attends to keys 0..p.
 
 - `blocked_attention` (bi modes): the arithmetic for a query at position p is fixed by p alone. Its scores
-  are computed inside a 64-row query block (the query sits in row p % 64, as in the trainer's full pass)
-  against exactly L = 64 * (p // 64 + 1) keys, keys > p masked, softmax over L, then P @ V. The trainer's
-  full-sequence pass and the generator's one-token decode step therefore run the same batched matmuls of the
-  same shapes with the same row contents, and agree bit for bit (tests/ops/test_attention.py).
+  are computed in a 16-row query tile (the query sits in row p % 16, as in the trainer's full pass) against
+  exactly L = 64 * (p // 64 + 1) keys, keys > p masked, softmax over L, then P @ V. The trainer's
+  full-sequence pass and the generator's one-token decode step therefore run batched matmuls of the same
+  shapes with the same row contents, and agree bit for bit (tests/ops/test_attention.py). The tile is 16
+  rows, not 64, so a decode step wastes 16x, not 64x, of its attention work.
 - `sdpa_attention` (stock): torch SDPA with a causal mask over whatever shape the caller has; fast, but the
   trainer's and the generator's calls have different shapes and need not agree.
 """
@@ -17,7 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-BLOCK = 64
+BLOCK = 64  # key block: a query at p reads 64 * (p // 64 + 1) keys
+TILE = 16  # query rows per matmul
 
 
 def _expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
@@ -25,32 +27,37 @@ def _expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
     return x.repeat_interleave(rep, dim=1) if rep > 1 else x
 
 
-def blocked_attention(q, k, v, q_pos, scale, softmax=torch.softmax, matmul=torch.matmul):
-    """matmul: torch.matmul on CPU; the GPU passes kernels.bmm.bmm (batch-count invariant)."""
+def blocked_attention(q, k, v, q_pos, scale, softmax=torch.softmax):
     b, hq, tq, d = q.shape
-    k, v = _expand_kv(k, hq), _expand_kv(v, hq)
-    tk = k.shape[2]
+    hkv, tk = k.shape[1], k.shape[2]
+    rep = hq // hkv
     out = torch.zeros_like(q)
     valid = q_pos >= 0
-    qblock = torch.where(valid, q_pos // BLOCK, torch.full_like(q_pos, -1))
-    for qb in torch.unique(qblock[valid]).tolist():
+    bi, ti = valid.nonzero(as_tuple=True)
+    pos = q_pos[bi, ti]
+    tile_id = bi * (1 << 40) + pos // TILE  # one tile per (sequence, 16-row group)
+    for qb in torch.unique(pos // BLOCK).tolist():
         length = BLOCK * (qb + 1)
-        sel = qblock == qb  # [B, Tq]
-        seqs = sel.any(dim=1).nonzero().flatten()
-        bi, ti = sel.nonzero(as_tuple=True)  # queries of this block
-        slot = torch.searchsorted(seqs, bi)  # row of the group each query goes to
-        rows = q_pos[bi, ti] % BLOCK
-        qblk = q.new_zeros(len(seqs), hq, BLOCK, d)
-        qblk[slot, :, rows] = q[bi, :, ti]
-        kk, vv = k[seqs, :, : min(length, tk)], v[seqs, :, : min(length, tk)]
+        sel = (pos // BLOCK) == qb
+        tiles, slot = torch.unique(tile_id[sel], return_inverse=True)
+        seq_of_tile = tiles // (1 << 40)
+        rows = pos[sel] % TILE
+        # queries of the `rep` heads sharing a KV head stacked as rows: [n, Hkv, rep * 16, D] @ [n, Hkv, D, L]
+        qt = q.new_zeros(len(tiles), hkv, rep, TILE, d)
+        qt[slot, :, :, rows] = q[bi[sel], :, ti[sel]].view(-1, hkv, rep, d)
+        if len(tiles) == b and bool((seq_of_tile == torch.arange(b, device=q.device)).all()):
+            kk, vv = k[:, :, : min(length, tk)], v[:, :, : min(length, tk)]  # decode: one tile per sequence
+        else:
+            kk, vv = k[seq_of_tile, :, : min(length, tk)], v[seq_of_tile, :, : min(length, tk)]
         if tk < length:
             kk, vv = F.pad(kk, (0, 0, 0, length - tk)), F.pad(vv, (0, 0, 0, length - tk))
-        scores = matmul(qblk, kk.transpose(-1, -2)) * scale  # [n, Hq, 64, L]
+        scores = (qt.view(-1, hkv, rep * TILE, d) @ kk.transpose(-1, -2)) * scale  # [n, Hkv, rep*16, L]
+        row_pos = (tiles % (1 << 40))[:, None] * TILE + torch.arange(TILE, device=q.device)[None, :]
         key_pos = torch.arange(length, device=q.device)
-        row_pos = qb * BLOCK + torch.arange(BLOCK, device=q.device)
-        scores = scores.masked_fill(key_pos[None, :] > row_pos[:, None], float("-inf"))
-        o = matmul(softmax(scores, dim=-1), vv)
-        out[bi, :, ti] = o[slot, :, rows]
+        mask = (key_pos[None, None, :] > row_pos[:, :, None]).repeat(1, rep, 1)  # [n, rep*16, L]
+        scores = scores.masked_fill(mask[:, None], float("-inf"))
+        o = (softmax(scores, dim=-1) @ vv).view(-1, hkv, rep, TILE, d)
+        out[bi[sel], :, ti[sel]] = o[slot, :, :, rows].reshape(-1, hq, d)
     return out
 
 

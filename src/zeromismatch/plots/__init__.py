@@ -1,0 +1,43 @@
+"""Figures of the write-up rebuilt from run directories (zeromismatch.plots.figures; `python run.py job=plot`)."""
+
+from .figures import (
+    FIGURES,
+    GroupKey,
+    PlotError,
+    Run,
+    arm_of,
+    build_figures,
+    cost_table,
+    ema,
+    find_run_dirs,
+    group_runs,
+    load_run,
+    load_runs,
+    plot_cost,
+    plot_metric,
+    plot_mismatch,
+    plot_reward,
+    plot_validation,
+    written_files,
+)
+
+__all__ = [
+    "FIGURES",
+    "GroupKey",
+    "PlotError",
+    "Run",
+    "arm_of",
+    "build_figures",
+    "cost_table",
+    "ema",
+    "find_run_dirs",
+    "group_runs",
+    "load_run",
+    "load_runs",
+    "plot_cost",
+    "plot_metric",
+    "plot_mismatch",
+    "plot_reward",
+    "plot_validation",
+    "written_files",
+]
