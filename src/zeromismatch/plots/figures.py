@@ -31,7 +31,7 @@ import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -65,6 +65,12 @@ ARM_COLORS = {"bi": "tab:blue", "bi_chunk": "tab:purple", "stock": "tab:orange",
 _EXTRA_COLORS = ("tab:red", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan")
 
 ZERO_LABEL = "0 (bitwise)"
+
+
+@lru_cache(maxsize=1)
+def _wandb_cli_ok() -> bool:
+    """Whether `wandb leet inspect` runs here (asked once per process: it starts a subprocess)."""
+    return wandb_cli_available()
 
 
 class PlotError(RuntimeError):
@@ -266,15 +272,18 @@ def load_run(path: str | os.PathLike, source: str = "jsonl") -> Run:
     has_jsonl = (p / JSONL_NAME).is_file() or any(p.glob("*.jsonl"))
     use = source
     if source == "auto":
-        use = "wandb" if find_wandb_file(p) is not None and wandb_cli_available() else "jsonl"
+        use = "wandb" if find_wandb_file(p) is not None and _wandb_cli_ok() else "jsonl"
     if use == "wandb":
         if find_wandb_file(p) is None:
             raise PlotError(f"run {p} has no offline W&B run (no .wandb file under it); use source=jsonl")
         try:
             rows = read_wandb_offline(p, fallback=False)
         except RuntimeError as e:
-            raise PlotError(f"run {p}: cannot read its W&B file offline: {e}") from e
-    else:
+            if source != "auto" or not has_jsonl:
+                raise PlotError(f"run {p}: cannot read its W&B file offline: {e}") from e
+            warnings.warn(f"run {p}: cannot read its W&B file offline ({e}); reading {JSONL_NAME}")
+            use = "jsonl"
+    if use == "jsonl":
         if not has_jsonl:
             hint = "; it has a W&B run: try source=wandb" if find_wandb_file(p) is not None else ""
             raise PlotError(f"run {p} has no {JSONL_NAME}{hint}")
@@ -431,20 +440,17 @@ def _record(kind: str, stem: str, files: list[str], metrics: Sequence[str], runs
             "runs": sorted({str(r.path) for r in runs}), **extra}
 
 
-def _legend(ax, **kw) -> None:
-    """A legend with one entry per label, only when something is labelled."""
-    handles, labels = ax.get_legend_handles_labels()
-    uniq = dict(zip(labels, handles))
-    if uniq:
-        ax.legend(list(uniq.values()), list(uniq.keys()), **kw)
-
-
-def _arm_legend(fig, arms: Iterable[str], extra: Sequence[tuple[str, str]] = ()) -> None:
-    """One legend for the whole figure, outside on the right: a line per arm (colour), then `extra`
+def _arm_legend(fig, arms: Iterable[str], extra: Sequence[tuple[str, str]] = (), *, bars: bool = False) -> None:
+    """One legend for the whole figure, outside on the right: an entry per arm (colour), then `extra`
     (label, linestyle) entries drawn in black."""
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    handles = [Line2D([], [], color=arm_color(a), lw=1.8) for a in arms]
+    arms = list(arms)
+    if bars:
+        handles = [Patch(color=arm_color(a)) for a in arms]
+    else:
+        handles = [Line2D([], [], color=arm_color(a), lw=1.8) for a in arms]
     labels = [arm_label(a) for a in arms]
     for label, ls in extra:
         handles.append(Line2D([], [], color="black", ls=ls, lw=1.4))
@@ -670,7 +676,7 @@ def plot_cost(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figures",
     for setting, rows in by_setting.items():
         ops = sorted({r["offpolicy"] for r in rows}, key=lambda o: -1 if o is None else o)
         arms = sorted({r["arm"] for r in rows}, key=_arm_sort_key)
-        fig, axes = _new_figure(2, panel=(max(4.2, 1.3 * len(ops) * len(arms) + 1.5), 3.4))
+        fig, axes = _new_figure(2, panel=(min(12.0, max(4.5, 0.5 * len(ops) * len(arms) + 1.5)), 3.6))
         width = 0.8 / len(arms)
         for ax, key, title in ((axes[0, 0], TPS_FULL, "full step (incl. waiting)"), (axes[0, 1], TPS_FWD_BWD, "fwd/bwd")):
             for i, arm in enumerate(arms):
@@ -683,7 +689,7 @@ def plot_cost(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figures",
                     err = None
                     if row["n_runs"] > 1:
                         err = [[v - row[key + ":min"]], [row[key + ":max"] - v]]
-                    ax.bar(pos, v, width=width * 0.95, color=arm_color(arm), yerr=err, capsize=2, label=arm_label(arm))
+                    ax.bar(pos, v, width=width * 0.95, color=arm_color(arm), yerr=err, capsize=2)
                     text = _fmt_tps(v)
                     ref = next((r for r in rows if r["arm"] == "stock" and r["offpolicy"] == op), None)
                     if ref and ref[key] and arm != "stock":
@@ -693,7 +699,7 @@ def plot_cost(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figures",
             ax.set_title(f"trainer tokens/s, {title}", fontsize=9)
             ax.grid(alpha=0.3, axis="y")
             ax.margins(y=0.2)
-            _legend(ax, fontsize=8)
+        _arm_legend(fig, arms, bars=True)
         axes[0, 0].set_ylabel("tokens / s (median over steps)")
         fig.suptitle(f"Trainer cost — {_setting_title(setting)} (ratio vs stock under each value)", fontsize=10)
         stem = f"cost_{_slug(setting[0])}_{_slug(setting[1])}"

@@ -147,14 +147,16 @@ class GatedDeltaNet(nn.Module):
             return self._aligned_chunk(mixed, g, beta, lay, cache)
         if nx.gdn_form == "recurrent":
             return self._recurrent_cached(mixed, g, beta, lay, cache["ssm"], cache_view)
-        # stock: chunked prefill from the carried state, recurrent step for decode rows
+        # stock: recurrent step for decode rows, chunked prefill (from the carried state) for the others
+        decode = lay.lengths == 1
+        if bool(decode.all()):
+            return self._recurrent_cached(mixed, g, beta, lay, cache["ssm"], cache_view)
         q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
         t = q.shape[2]
         pad = (-t) % CHUNK
         padded = [F.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad)) for x in (q, k, v, gg, bb)]
         o, states = chunk_fwd(*padded, cache["ssm"].float())
         o, ssm = o[:, :, :t], chunk_final_states(*padded, states, lay.lengths)
-        decode = lay.lengths == 1
         if bool(decode.any()):
             o_r, s_r = recurrent_fwd(*(x[decode] for x in (q, k, v, gg, bb)), cache["ssm"][decode].float())
             o[decode], ssm[decode] = o_r, s_r
