@@ -1,10 +1,14 @@
 """Fixtures for the generator unit tests: a *micro* hybrid (1 GDN + 1 attention layer, vocab 256) that keeps
 every engine mechanism (paged KV, fp32 GDN state, prefix snapshots) but runs a step in ~15 ms on one core."""
 
+import os
+import sys
+
 import pytest
 
-from gen_helpers import MICRO
-from zeromismatch.models.qwen3_5 import build_model
+sys.path.insert(0, os.path.dirname(__file__))  # gen_helpers, also under --import-mode=importlib
+from gen_helpers import MICRO  # noqa: E402
+from zeromismatch.models.qwen3_5 import build_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -200,6 +200,8 @@ class Engine:
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationOutput]:
         """Run requests to completion; outputs in request order."""
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams: pass one, or one per prompt")
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         done: dict[int, GenerationOutput] = {}
         while self.has_work():

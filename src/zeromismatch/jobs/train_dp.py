@@ -32,7 +32,7 @@ from ..trainer.trainer import Trainer
 
 DEFAULTS = dict(
     preset="tiny",
-    numerics="stock",
+    numerics="bi",
     seed=1,
     steps=2,
     groups=2,
