@@ -424,7 +424,9 @@ def sec_parity(res, args):
         except Exception:
             out[preset] = {"error": traceback.format_exc()[-3000:]}
             continue
-        runs = [(pol, mode) for pol in args.policies.split(",") for mode in ("bi", "bi_chunk")] + [("default", "stock")]
+        runs = [(pol, mode) for pol in args.policies.split(",") for mode in ("bi", "bi_chunk")]
+        if preset in args.stock_presets.split(","):
+            runs.append(("default", "stock"))
         for pol, mode in runs:
             key = f"{preset}:{mode}:{pol}"
             if time.time() - T0 > args.deadline:
@@ -704,7 +706,8 @@ def sec_model_time(res, args):
 def sec_cublaslt(res, args):
     env = dict(os.environ, CUBLASLT_WORKSPACE_SIZE="1", CUBLAS_WORKSPACE_CONFIG=":16:8")
     path = os.path.join(args.out, "cublaslt.json")
-    cmd = [sys.executable, os.path.abspath(__file__), "--cublaslt-worker", "--out", args.out, "--presets", args.hybrid_presets]
+    cmd = [sys.executable, os.path.abspath(__file__), "--cublaslt-worker", "--out", args.out, "--presets", args.hybrid_presets,
+           "--hybrid-modes", args.hybrid_modes]
     if args.hybrid_parity:
         cmd.append("--hybrid-parity")
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(30, args.deadline + 60 - (time.time() - T0)))
@@ -768,7 +771,7 @@ def cublaslt_worker(args):
         par = {}
         for preset in args.presets.split(","):
             m = build_gpu_model(preset)
-            for mode in ("bi", "bi_chunk"):
+            for mode in args.hybrid_modes.split(","):
                 try:
                     par[f"{preset}:{mode}:hybrid"] = parity_run(m, mode)
                 except Exception:
@@ -806,6 +809,8 @@ def main():
     ap.add_argument("--cublaslt-worker", action="store_true")
     ap.add_argument("--hybrid-parity", action="store_true", help="cublaslt worker: parity under ZM_GEMM_POLICY=hybrid")
     ap.add_argument("--hybrid-presets", default="tiny,qwen3_5_mid")
+    ap.add_argument("--hybrid-modes", default="bi,bi_chunk")
+    ap.add_argument("--stock-presets", default="tiny,tiny_moe,qwen3_5_mid")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sys.path.insert(0, os.path.join(ROOT, "src"))

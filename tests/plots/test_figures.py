@@ -227,8 +227,9 @@ def test_unknown_metric_and_figure(matrix, tmp_path):
 
 def test_missing_figure_metric_skipped_or_error(tmp_path):
     synth.write_run(tmp_path / "runs", "bi", 4, eval_every=0, split=False)
-    index = build_figures(tmp_path / "runs", tmp_path / "out", figures="all", **FAST)
+    index = build_figures(tmp_path / "runs", tmp_path / "out", figures="all", mismatch_ema=0.5, **FAST)
     assert index["skipped"] == {"validation": "no run logged validation_reward/_mean"}
+    assert index["figures"]["mismatch_math_tiny"]["ema"] == 0.5  # smoothed lines, zeros still marked
     assert index["figures"]["mismatch_math_tiny"]["split"] is False
     assert index["figures"]["mismatch_math_tiny"]["exact_zeros_drawn"] == [0]
     with pytest.raises(PlotError, match="unknown metric 'validation_reward/_mean'"):

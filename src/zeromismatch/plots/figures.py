@@ -417,7 +417,7 @@ def _offpolicies(groups: dict[GroupKey, list[Run]]) -> list[int | None]:
 def _new_figure(ncols: int, nrows: int = 1, *, panel=(4.2, 3.2)):
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(panel[0] * ncols, panel[1] * nrows), layout="constrained")
+    fig = Figure(figsize=(max(panel[0] * ncols, 5.0), panel[1] * nrows + 0.4), layout="constrained")  # + legend row
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex="col")
     return fig, axes
 
@@ -455,7 +455,9 @@ def _arm_legend(fig, arms: Iterable[str], extra: Sequence[tuple[str, str]] = (),
     for label, ls in extra:
         handles.append(Line2D([], [], color="black", ls=ls, lw=1.4))
         labels.append(label)
-    fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
+    width = fig.get_figwidth()
+    ncol = max(1, min(len(handles), int(width // 2.2)))
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncol, fontsize=8, frameon=False)
 
 
 def _arms(groups: dict[GroupKey, list[Run]]) -> list[str]:
@@ -550,7 +552,7 @@ def _plot_log(ax, steps, values, floor, *, color, ls="-", lw=1.8, alpha=1.0, lab
 
 def _mark_floor(ax, floor: float) -> None:
     """Dotted floor line, annotated, and its tick labelled 0 (no data lies within a decade above it)."""
-    from matplotlib.ticker import FuncFormatter, LogFormatterSciNotation
+    from matplotlib.ticker import FuncFormatter, LogFormatterSciNotation, LogLocator
 
     ax.axhline(floor, color="0.35", ls=":", lw=1.0, zorder=1)
     ax.annotate(ZERO_LABEL, xy=(0.98, floor), xycoords=("axes fraction", "data"), xytext=(0, -3),
@@ -561,6 +563,7 @@ def _mark_floor(ax, floor: float) -> None:
     def fmt(y, pos=None):
         return "0" if math.isclose(y, floor, rel_tol=1e-9) else base(y, pos)
 
+    ax.yaxis.set_major_locator(LogLocator(base=10.0, numticks=20))  # every decade, so the floor gets its tick
     ax.yaxis.set_major_formatter(FuncFormatter(fmt))
 
 
@@ -626,7 +629,7 @@ def plot_mismatch(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figur
             extra = [("precision: t_old − gen", "-"), ("staleness: t_cur − t_old", "--")]
         _arm_legend(fig, _arms(groups), extra)
         smooth = f", EMA {ema_weight:g}" if ema_weight else ""
-        fig.suptitle(f"Logprob mismatch — {_setting_title(setting)}{smooth}; zeros drawn at {floor:.0e}", fontsize=10)
+        fig.suptitle(f"Logprob mismatch — {_setting_title(setting)}{smooth}", fontsize=10)
         stem = f"mismatch_{_slug(setting[0])}_{_slug(setting[1])}"
         files = _save(fig, out_dir, stem, formats, dpi)
         records.append(_record("mismatch", stem, files, keys, members, ema=ema_weight, zero_floor=floor,
