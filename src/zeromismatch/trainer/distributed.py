@@ -147,6 +147,8 @@ def apply_fsdp(model: nn.Module, mesh=None, reshard_after_forward: bool = True, 
         from torch.distributed.device_mesh import init_device_mesh
 
         device_type = next(model.parameters()).device.type
+        if device_type == "meta":  # meta-initialized model: materialize after wrapping (to_empty + init)
+            device_type = "cuda" if torch.cuda.is_available() else "cpu"
         mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     if isinstance(model, Qwen35ForCausalLM):
         return parallelize_qwen3_5(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
@@ -178,6 +180,9 @@ def dp_rank_world(model: nn.Module) -> tuple[int, int]:
     if not is_fsdp(model):
         return 0, 1
     p = _first_dtensor(model)
+    if p is None:  # every unit gathered (registered as plain tensors): put the sharded DTensors back
+        reshard(model)
+        p = _first_dtensor(model)
     mesh = p.device_mesh
     if mesh.ndim != 1 or mesh.size() != dist.get_world_size():
         raise NotImplementedError("data parallel over a 1-D mesh spanning the whole world only (no TP/PP/HSDP)")

@@ -156,7 +156,8 @@ class Trainer:
                 stats_acc.setdefault(k, []).append(v)
         gen_all, mask_all = torch.cat(gen_lp), torch.cat(loss_mask)
         metrics["train/loss"] = loss_total
-        metrics.update({f"train/{k}": sum(v) / len(v) for k, v in stats_acc.items()})
+        # loss stats are partial sums over the global valid-token count (valid_tokens: a count): add them up
+        metrics.update({f"train/{k}": sum(v) for k, v in stats_acc.items()})
         metrics.update({k: float(v) for k, v in mismatch_metrics(t_cur, gen_all, mask_all).items()})
         if self.staleness_split:
             metrics.update(self._decompose(samples, t_cur, gen_all, mask_all))
