@@ -3,7 +3,9 @@ prefill and its decode steps (one kernel, one compiled variant, so all of them a
 
 One program per (sequence, value head, value block of BV columns). The fp32 state block [K, BV] lives in
 registers for the whole sequence; per token: q, k l2-normalized (rsqrt(sum x^2 + 1e-6)) in fp32, q scaled by
-1/sqrt(K), decay exp(g), delta rule, output column block. Packed sequences via cu_seqlens; the state is
+1/sqrt(K), decay exp(g), delta rule, output column block. Default variant v2 (see VARIANT): prefetch of the
+next token's inputs, both state reductions on the decayed state. H200 (results/gpu): 4.9 ms for 8 x 4096
+tokens x 32 heads (K = V = 128), 0.079 ms for a 64-sequence decode step (1.14x the fp32 state read+write). Packed sequences via cu_seqlens; the state is
 read from state[state_indices[b]] and the final state written back to the same place (in place: the
 generator passes its [slots, HV, K, V] cache and the batch's slots; the trainer a zero buffer).
 
