@@ -114,8 +114,8 @@ def settings_from_cfg(cfg) -> SFTSettings:
 
     job, tr = cfg.job, cfg.trainer
     names = {f.name for f in fields(SFTSettings)} - {"betas", "eps", "weight_decay", "grad_clip", "extra"}
-    kw = {n: job[n] for n in names if job.get(n) is not None or n in ("time_budget_s", "levels")}
-    kw = {k: (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v) for k, v in kw.items()}
+    kw = {n: job.get(n) for n in names if job.get(n) is not None or n in ("time_budget_s", "levels")}
+    kw = {k: (OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v) for k, v in kw.items()}
     if kw.get("levels") is not None:
         kw["levels"] = sorted(int(x) for x in kw["levels"])
     s = SFTSettings(**kw)
@@ -400,6 +400,7 @@ def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | Non
             "total_seconds": round(time.perf_counter() - t_start, 2),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
+        summary = json.loads(json.dumps(summary))  # what a cache hit will read back (tuples -> lists)
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         save_checkpoint(model, tmp)

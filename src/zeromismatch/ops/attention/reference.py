@@ -27,7 +27,8 @@ def _expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
     return x.repeat_interleave(rep, dim=1) if rep > 1 else x
 
 
-def blocked_attention(q, k, v, q_pos, scale, softmax=torch.softmax):
+def blocked_attention(q, k, v, q_pos, scale, softmax=torch.softmax, matmul=torch.matmul):
+    """matmul: the batched matmul (on CUDA a batch-count-invariant Triton kernel, kernels/bmm.py)."""
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     rep = hq // hkv
@@ -51,12 +52,12 @@ def blocked_attention(q, k, v, q_pos, scale, softmax=torch.softmax):
             kk, vv = k[seq_of_tile, :, : min(length, tk)], v[seq_of_tile, :, : min(length, tk)]
         if tk < length:
             kk, vv = F.pad(kk, (0, 0, 0, length - tk)), F.pad(vv, (0, 0, 0, length - tk))
-        scores = (qt.view(-1, hkv, rep * TILE, d) @ kk.transpose(-1, -2)) * scale  # [n, Hkv, rep*16, L]
+        scores = matmul(qt.view(-1, hkv, rep * TILE, d), kk.transpose(-1, -2)) * scale  # [n, Hkv, rep*16, L]
         row_pos = (tiles % (1 << 40))[:, None] * TILE + torch.arange(TILE, device=q.device)[None, :]
         key_pos = torch.arange(length, device=q.device)
         mask = (key_pos[None, None, :] > row_pos[:, :, None]).repeat(1, rep, 1)  # [n, rep*16, L]
         scores = scores.masked_fill(mask[:, None], float("-inf"))
-        o = (softmax(scores, dim=-1) @ vv).view(-1, hkv, rep, TILE, d)
+        o = matmul(softmax(scores, dim=-1), vv).view(-1, hkv, rep, TILE, d)
         out[bi[sel], :, ti[sel]] = o[slot, :, :, rows].reshape(-1, hq, d)
     return out
 
