@@ -151,7 +151,7 @@ def test_every_job_has_a_config():
 
 def test_defaults():
     cfg = _compose(hydra_cfg=True)
-    assert (cfg.job.name, cfg.model.preset, cfg.numerics.name, cfg.task.name) == ("smoke", "tiny", "bi", "math")
+    assert (cfg.job.name, cfg.model.preset, cfg.numerics.name, cfg.task.name) == ("rl", "tiny", "bi", "math")
     assert (cfg.rl.offpolicy, cfg.rl.loss, cfg.rl.clip_low, cfg.rl.clip_high) == (4, "dapo", 0.2, 0.28)
     assert cfg.generator.backend == "embedded" and cfg.trainer.optimizer == "adamw"
     assert cfg.logging.wandb.mode == "auto" and cfg.task.offline.dir == "data/offline_math"

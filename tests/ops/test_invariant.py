@@ -47,3 +47,23 @@ def test_row_reductions_are_row_invariant():
     ref = torch.log_softmax(base, -1)
     for m in (1, 2, 7, 64, 300):
         assert torch.equal(torch.log_softmax(base[:m], -1), ref[:m])
+
+
+def test_thread_count_does_not_change_bits():
+    """The RL job drops to one intra-op thread per role after the warm start: same bits either way."""
+    from zeromismatch.ops.gdn import recurrent_step
+
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(768, 256, generator=g), torch.randn(300, 256, generator=g)
+    s = torch.randn(16, 4, 64, 64, generator=g)
+    q, k, v = (torch.randn(16, 4, 64, generator=g) for _ in range(3))
+    gate, beta = -torch.rand(16, 4, generator=g), torch.rand(16, 4, generator=g)
+    n = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append((invariant.linear(x, w), *recurrent_step(s, q, k, v, gate, beta)))
+    finally:
+        torch.set_num_threads(n)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))

@@ -75,7 +75,15 @@ def test_offline_data_written_once_and_gitignored(cfg, task):
     mtimes = {k: p.stat().st_mtime_ns for k, p in paths.items()}
     ensure_offline_math(cfg["task"])  # present: not rewritten
     assert {k: p.stat().st_mtime_ns for k, p in paths.items()} == mtimes
-    assert json.loads((paths["train"].parent / "meta.json").read_text()) == {"n_train": off["n_train"], "seed": 0}
+    meta = json.loads((paths["train"].parent / "meta.json").read_text())
+    assert (meta["n_train"], meta["seed"], len(meta["generator_sha256"])) == (off["n_train"], 0, 16)
+    # files from another generator version (or n_train) are rewritten
+    sft_bytes = paths["sft"].read_bytes()
+    (paths["train"].parent / "meta.json").write_text(json.dumps({**meta, "generator_sha256": "old"}))
+    paths["sft"].write_text("stale\n")
+    ensure_offline_math(cfg["task"])
+    assert json.loads((paths["train"].parent / "meta.json").read_text()) == meta
+    assert paths["sft"].read_bytes() == sft_bytes
     assert task.num_train == N_TRAIN
 
 

@@ -66,13 +66,13 @@ def main(cfg) -> dict:
     rl, tr, gen = cfg.rl, cfg.trainer, cfg.generator
     if not gen.get("implemented", True) or gen.backend != "embedded":
         raise NotImplementedError(f"generator backend {gen.backend!r} is not implemented yet; use generator=embedded")
-    if not rl.deterministic:
-        # two roles share two cores: one intra-op thread each (oversubscribed OpenMP spins badly)
-        torch.set_num_threads(1)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-
-    model = initial_model(cfg)
+    model = initial_model(cfg)  # may run the (cached) SFT warm start with all threads
+    if not rl.deterministic:
+        # generator and trainer threads share the cores: one intra-op thread each (oversubscribed OpenMP
+        # spins badly). Numerics do not depend on the thread count (tests/ops), so parity is unaffected.
+        torch.set_num_threads(1)
     task, tokenizer = build_task(cfg, model.config.vocab_size)
     stop = tuple(task.stop_token_ids)
     trainer = Trainer(

@@ -79,13 +79,15 @@ def offline_paths(cfg_task: Any) -> dict[str, Path]:
 
 def ensure_offline_math(cfg_task: Any) -> dict[str, Path]:
     """Write the offline data set (``write_offline_math(offline.dir, n_train, seed)``) unless the files
-    cfg.task.offline names exist for the same (n_train, seed); return those paths. Files appear
-    atomically and once across processes (a lock), so parallel runs never read a half-written file."""
+    cfg.task.offline names exist for the same (n_train, seed, offline.py source); return those paths.
+    Files appear atomically and once across processes (a lock), so parallel runs never read a
+    half-written file."""
     off = _get(cfg_task, "offline")
     root = Path(_get(off, "dir", "data/offline_math"))
     n_train, seed = int(_get(off, "n_train", 20000)), int(_get(off, "seed", 0))
     paths = offline_paths(cfg_task)
-    meta = {"n_train": n_train, "seed": seed}
+    # the generator's source is part of what the files depend on: an edit to offline.py rewrites them
+    meta = {"n_train": n_train, "seed": seed, "generator_sha256": _generator_sha()}
 
     def ready() -> bool:
         if not all(p.is_file() for p in paths.values()):
@@ -115,6 +117,12 @@ def ensure_offline_math(cfg_task: Any) -> dict[str, Path]:
             "point task.offline.train/eval/sft inside task.offline.dir"
         )
     return paths
+
+
+def _generator_sha() -> str:
+    from zeromismatch.tasks.math import offline
+
+    return hashlib.sha256(Path(offline.__file__).read_bytes()).hexdigest()[:16]
 
 
 def read_offline_parquet(path: str | os.PathLike) -> list[tuple[str, str, int | None]]:
