@@ -87,7 +87,7 @@ def test_second_run_is_a_cache_hit_with_identical_weights(first, tmp, monkeypatc
     assert sft_job.ensure_sft_checkpoint(_sft_cfg(tmp, "numerics=stock")) == first.path
 
 
-def test_other_hyperparameters_other_entry(first, tmp, monkeypatch):
+def test_other_hyperparameters_other_entry(first, tmp):
     cfg = _sft_cfg(tmp, "job.lr=0.002")
     key = sft_job.sft_key(
         sft_job.sft_job_config(cfg), sft_job.settings_from_cfg(cfg), get_tokenizer(cfg), Path(cfg.job.data)
