@@ -195,13 +195,14 @@ def main(cfg) -> dict:
     out = {k: v for k, v in res.items() if k != "audit_table"}
     if job.get("out"):  # results/ record: what ran, where, and what it measured
         import json
+        import os
         import platform
         import sys
         from pathlib import Path
 
         record = {
             "command": "python run.py " + " ".join(sys.argv[1:]),
-            "machine": f"{platform.machine()} {platform.processor() or ''} cpus={torch.get_num_threads()} threads",
+            "machine": f"{platform.machine()} CPU ({os.cpu_count()} cores), torch threads={torch.get_num_threads()}",
             "torch": torch.__version__,
             "model": cfg.model.preset,
             "numerics": cfg.numerics.name,
