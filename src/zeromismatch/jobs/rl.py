@@ -37,12 +37,10 @@ def build_task(cfg, vocab_size: int):
         from ..tasks.toy import ToyTask
 
         return ToyTask(vocab_size, seed=cfg.seed), None
-    if name == "math":
-        from ..tasks.math.task import MathTask, get_tokenizer
+    from .common import build_task as build_tokenized_task, get_tokenizer
 
-        tok = get_tokenizer(cfg)
-        return MathTask(cfg.task, tok, seed=cfg.seed), tok
-    raise ValueError(f"unknown task {name!r}: choose toy or math (search/agent are not implemented yet)")
+    tok = get_tokenizer(cfg)
+    return build_tokenized_task(cfg, tok), tok
 
 
 def initial_model(cfg):
@@ -195,18 +193,11 @@ def _loss_overrides(rl) -> dict:
 
 
 def _evaluate(model, task, cfg) -> dict:
-    """Greedy accuracy on the task's held-out prompts: validation_reward/_mean."""
-    items = task.eval_prompts()
-    eng = Engine(model, max_slots=len(items), max_batched_tokens=int(cfg.generator.max_batched_tokens),
-                 max_model_len=max(len(i.prompt_ids) for i in items) + int(cfg.rl.max_new_tokens), prefix_caching=False)
-    sp = SamplingParams(temperature=0.0, max_new_tokens=int(cfg.rl.max_new_tokens), stop_token_ids=tuple(task.stop_token_ids))
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        outs = eng.generate([i.prompt_ids for i in items], sp)
-    model.train(was_training)
-    rewards = [task.reward(o.tokens, i.gold) for o, i in zip(outs, items)]
-    return {"validation_reward/_mean": sum(rewards) / len(rewards), "validation/n": float(len(rewards))}
+    """Greedy accuracy on the task's held-out prompts, logged as validation_reward/_mean."""
+    from .eval import evaluate
+
+    r = evaluate(model, task, greedy=True, max_new_tokens=int(cfg.rl.max_new_tokens), cfg_generator=cfg.generator)
+    return {"validation_reward/_mean": r["accuracy"], "validation/n": float(r["n"])}
 
 
 def _summarize(history, seconds, logger) -> dict:

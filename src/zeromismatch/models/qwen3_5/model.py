@@ -14,12 +14,11 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ...kernels import mean_sq_last, on_gpu, sum_last
 from ...numerics import Numerics, get_numerics
 from ...ops.conv import causal_conv
-from ...ops.gdn import CHUNK, chunk_final_states, chunk_fwd, prepare_qk, recurrent_fwd
+from ...ops.gdn import CHUNK, chunk_final_states, chunk_fwd, prepare_qk, recurrent_fwd, to_chunks
 from ...ops.gdn.autograd import gdn_recurrent_train
 from ..layout import ForwardContext, SeqLayout
 from .config import Qwen35Config
@@ -138,10 +137,7 @@ class GatedDeltaNet(nn.Module):
             if nx.gdn_form == "recurrent":
                 o = gdn_recurrent_train(q, k, v, gg, bb, state) if torch.is_grad_enabled() else recurrent_fwd(q, k, v, gg, bb, state)[0]
             else:
-                t = q.shape[2]
-                pad = (-t) % CHUNK
-                padt = lambda x: F.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
-                o = chunk_fwd(*(padt(x) for x in (q, k, v, gg, bb)), state)[0][:, :, :t]
+                o = chunk_fwd(*to_chunks(q, k, v, gg, bb), state)[0][:, :, : q.shape[2]]
             return lay.to_packed(o.transpose(1, 2)), {}
         if nx.gdn_form == "aligned_chunk":
             return self._aligned_chunk(mixed, g, beta, lay, cache)
@@ -153,8 +149,7 @@ class GatedDeltaNet(nn.Module):
             return self._recurrent_cached(mixed, g, beta, lay, cache["ssm"], cache_view)
         q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
         t = q.shape[2]
-        pad = (-t) % CHUNK
-        padded = [F.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad)) for x in (q, k, v, gg, bb)]
+        padded = to_chunks(q, k, v, gg, bb)
         o, states = chunk_fwd(*padded, cache["ssm"].float())
         o, ssm = o[:, :, :t], chunk_final_states(*padded, states, lay.lengths)
         if bool(decode.any()):

@@ -9,16 +9,8 @@ recurrent form's to fp32 rounding (tests/ops/test_gdn.py), the published method'
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .reference import CHUNK, chunk_fwd, recurrent_fwd
-
-
-def _pad_time(x: torch.Tensor, t_pad: int) -> torch.Tensor:
-    pad = t_pad - x.shape[2]
-    if pad == 0:
-        return x
-    return F.pad(x, (0, 0, 0, pad)) if x.dim() == 4 else F.pad(x, (0, pad))
+from .reference import chunk_fwd, recurrent_fwd, to_chunks
 
 
 class RecurrentFwdChunkBwd(torch.autograd.Function):
@@ -32,11 +24,10 @@ class RecurrentFwdChunkBwd(torch.autograd.Function):
     def backward(ctx, grad_o):
         inputs = ctx.saved_tensors
         t = inputs[0].shape[2]
-        t_pad = t + (-t) % CHUNK
         needs = ctx.needs_input_grad
         with torch.enable_grad():
             leaves = [x.detach().requires_grad_(needs[i]) for i, x in enumerate(inputs)]
-            o, _ = chunk_fwd(*(_pad_time(x, t_pad) for x in leaves[:5]), leaves[5])
+            o, _ = chunk_fwd(*to_chunks(*leaves[:5]), leaves[5])
             wrt = [x for i, x in enumerate(leaves) if needs[i]]
             got = iter(torch.autograd.grad(o[:, :, :t], wrt, grad_o) if wrt else [])
         return tuple(next(got) if needs[i] else None for i in range(len(inputs)))

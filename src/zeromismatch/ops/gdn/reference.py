@@ -82,6 +82,20 @@ def recurrent_fwd(q, k, v, g, beta, state, lengths=None):
 # ------------------------------------------------------------------------------------------------- chunked
 
 
+def pad_time(x: torch.Tensor, t_pad: int) -> torch.Tensor:
+    """Zero-pad the time axis (dim 2) of a kernel-layout tensor [B, HV, T, ...] to t_pad: zero rows are inert."""
+    pad = t_pad - x.shape[2]
+    if pad == 0:
+        return x
+    return F.pad(x, (0, 0, 0, pad)) if x.dim() == 4 else F.pad(x, (0, pad))
+
+
+def to_chunks(*xs: torch.Tensor) -> list[torch.Tensor]:
+    """pad_time to the next multiple of CHUNK, for every tensor of one call."""
+    t = xs[0].shape[2]
+    return [pad_time(x, t + (-t) % CHUNK) for x in xs]
+
+
 def chunk_fwd(q, k, v, g, beta, state):
     """`chunk_fwd_torch` on CPU; on CUDA the batch-invariant kernels.gdn_chunk.chunk_fwd (same function, same
     contract; torch's CUDA bmm / solve_triangular pick kernels by batch count)."""
@@ -203,8 +217,7 @@ def chunk_final_states(q, k, v, g, beta, states, lengths):
         s = states[i : i + 1, :, c]
         if r:
             sl = slice(c * CHUNK, c * CHUNK + r)
-            pad = lambda x: F.pad(x[i : i + 1, :, sl], (0, 0, 0, CHUNK - r) if x.dim() == 4 else (0, CHUNK - r))
-            _, st = chunk_fwd(pad(q), pad(k), pad(v), pad(g), pad(beta), s)
+            _, st = chunk_fwd(*(pad_time(x[i : i + 1, :, sl], CHUNK) for x in (q, k, v, g, beta)), s)
             # zero-padded rows (g = 0, beta = 0, k = 0) leave the state unchanged
             s = st[:, :, 1]
         finals.append(s)
