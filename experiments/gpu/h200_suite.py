@@ -13,7 +13,11 @@ that would start after --deadline seconds is skipped and recorded as such):
                 (decides whether the "adaptive" policy is valid); also Triton vs cuBLAS bits
   bmm           batched matmul invariance over batch count (ours; torch for contrast)
   gdn           recurrent kernel: vs float64 reference, alone == batched, split with carried state, slots
-  gdn_chunk     chunked forward on CUDA: vs float64 torch reference, batch invariance, prefix stability
+  gdn_chunk     chunked forward on CUDA: vs float64 torch reference, batch invariance, prefix stability; the
+                fused bi_chunk decode step == the chunked forward's rows, bit for bit
+  chunk_time    bi_chunk decode step vs the fp32 state floor; chunked forward vs the recurrent kernel; the
+                experimental loop-chain decode variants: bits vs the dot decode, and time
+  parity_chain  bi_chunk parity with the loop-chain decode variant that matched (if any)
   parity        trainer vs generator logprobs, bf16 models (tiny, tiny_moe, qwen3_5_mid) x (stock, bi, bi_chunk)
   gemm_time     invariant GEMM vs default cuBLAS at training and decode shapes
   gdn_time      recurrent kernel configs: 8 x 4096 tokens, 32 heads, K=V=128; decode 64 seqs vs the state floor
@@ -315,20 +319,38 @@ def sec_gdn(res, args):
     return out
 
 
-def sec_gdn_chunk(res, args):
+def _prepared(b, h, t, dk=128, dv=128, seed=11):
+    """Prepared-layout GDN inputs [B, HV, T, D] fp32 (q, k l2-normalized, q scaled)."""
     import torch.nn.functional as F
 
-    from zeromismatch.kernels.gdn_chunk import chunk_fwd
-    from zeromismatch.ops.gdn.reference import chunk_fwd_torch
-
-    g = torch.Generator(device=DEV).manual_seed(11)
-    b, h, t, dk, dv = 4, 8, 256, 128, 128
+    g = torch.Generator(device=DEV).manual_seed(seed)
     q = F.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1) * dk**-0.5
     k = F.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1)
     v = torch.randn(b, h, t, dv, device=DEV, generator=g)
     gg = -torch.rand(b, h, t, device=DEV, generator=g) * 0.3
     beta = torch.rand(b, h, t, device=DEV, generator=g)
-    s0 = torch.randn(b, h, dk, dv, device=DEV, generator=g) * 0.1
+    return q, k, v, gg, beta
+
+
+def _open_chunk_cache(n_slots, h, dk=128, dv=128, seed=0):
+    from zeromismatch.kernels.gdn_chunk import CHUNK
+
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    f = lambda *s: torch.randn(*s, device=DEV, generator=g) * 0.1  # noqa: E731
+    return {"ssm": f(n_slots, h, dk, dv), "ck": f(n_slots, h, CHUNK, dk), "cv": f(n_slots, h, CHUNK, dv),
+            "cg": -f(n_slots, h, CHUNK).abs(), "cb": f(n_slots, h, CHUNK).abs(), "ct": f(n_slots, h, CHUNK, CHUNK),
+            "cu": f(n_slots, h, CHUNK, dv)}
+
+
+def sec_gdn_chunk(res, args):
+    """The chunked forward (kernels.gdn_chunk) vs float64, alone == batched, prefix stability, and the fused
+    bi_chunk decode step == the chunked forward's rows (every open-chunk position, chunk closes included)."""
+    from zeromismatch.kernels.gdn_chunk import CHUNK, chunk_decode, chunk_fwd
+    from zeromismatch.ops.gdn.reference import chunk_fwd_torch
+
+    b, h, t, dk, dv = 4, 8, 256, 128, 128
+    q, k, v, gg, beta = _prepared(b, h, t)
+    s0 = torch.randn(b, h, dk, dv, device=DEV, generator=torch.Generator(device=DEV).manual_seed(3)) * 0.1
     o, st = chunk_fwd(q, k, v, gg, beta, s0)
     o64, st64 = chunk_fwd_torch(*(x.double() for x in (q, k, v, gg, beta, s0)))
     o1, st1 = chunk_fwd(q[2:3], k[2:3], v[2:3], gg[2:3], beta[2:3], s0[2:3])
@@ -341,16 +363,157 @@ def sec_gdn_chunk(res, args):
 
         op, _ = chunk_fwd(pad(q), pad(k), pad(v), pad(gg), pad(beta), st[:, :, 2])
         prefix &= bool(torch.equal(op[:, :, :r], o[:, :, 128 : 128 + r]))
-    # decode-style: one sequence's open chunk alone vs inside a batch
-    op1, _ = chunk_fwd(*(x[1:2, :, 128:192] for x in (q, k, v, gg, beta)), st[1:2, :, 2])
+    # decode all 4 sequences from token 0 to 255 together (slots 3, 0, 6, 1 of 8), vs the chunked rows
+    cache = _open_chunk_cache(8, h)
+    slots = torch.tensor([3, 0, 6, 1], device=DEV)
+    cache["ssm"][slots] = s0
+    od = torch.empty_like(o)
+    for i in range(t):
+        od[:, :, i] = chunk_decode(q[:, :, i], k[:, :, i], v[:, :, i], gg[:, :, i], beta[:, :, i], slots,
+                                   torch.full((b,), i % CHUNK, device=DEV), cache)
     return {
         "relerr_o_vs_f64": relerr(o, o64),
         "relerr_state_vs_f64": relerr(st, st64),
         "relerr_torch_fp32_vs_f64": relerr(chunk_fwd_torch(q, k, v, gg, beta, s0)[0], o64),
         "alone_equals_batched": bool(torch.equal(o1, o[2:3]) and torch.equal(st1, st[2:3])),
         "prefix_stable_zero_padded": prefix,
-        "open_chunk_alone_equals_batched": bool(torch.equal(op1, o[1:2, :, 128:192])),
+        "decode_equals_chunked_rows": bool(torch.equal(od, o)),
+        "decode_max_abs_diff": float((od - o).abs().max()),
+        "decode_final_state_equal": bool(torch.equal(cache["ssm"][slots], st[:, :, -1])),
     }
+
+
+DEFAULT_CHUNK_SWEEP = ",".join([f"decode:{w}:{bv}" for w in (2, 4, 8) for bv in (16, 32, 64)] +
+                               ["prep:4:64", "prep:16:64", "scan:4:64", "scan:4:32", "scan:8:32", "scan:4:16", "scan:8:16"])
+
+
+def _chain_variants(q, k, v, gg, beta, slots, caches, floor_ms):
+    """The experimental decode kernels with the chains written out as loops (fused multiply-add, or multiply
+    then add): same bits as the verified `dot` decode (output and every cache tensor) at open-chunk positions
+    0, 1, 31, 62, 63? and their time."""
+    from zeromismatch.kernels.gdn_chunk import chunk_decode
+
+    clone = lambda c: {n: x.clone() for n, x in c.items()}  # noqa: E731
+    out = {}
+    for variant in ("chain", "chain_mul_add"):
+        r = {}
+        try:
+            for t in (0, 1, 31, 62, 63):
+                pos = torch.full((q.shape[0],), t, device=DEV)
+                ca, cb = clone(caches[0]), clone(caches[0])
+                oa = chunk_decode(q, k, v, gg, beta, slots, pos, ca, variant="dot")
+                ob = chunk_decode(q, k, v, gg, beta, slots, pos, cb, variant=variant)
+                r[f"t{t}_equal"] = bool(torch.equal(oa, ob)) and all(torch.equal(ca[n], cb[n]) for n in ca)
+                r[f"t{t}_max_abs_diff"] = float((oa - ob).abs().max())
+            for t in (31, 63):
+                pos = torch.full((q.shape[0],), t, device=DEV)
+                r[f"t{t}_ms"] = bench_graph([lambda c=c: chunk_decode(q, k, v, gg, beta, slots, pos, c, variant=variant)
+                                             for c in caches])
+                r[f"t{t}_over_floor"] = r[f"t{t}_ms"] / floor_ms
+        except Exception:
+            r["error"] = traceback.format_exc()[-1500:]
+        out[variant] = r
+        log("decode variant", variant, r)
+    return out
+
+
+def _chunk_sweep(q, k, v, gg, beta, slots, caches, floor_ms, spec=DEFAULT_CHUNK_SWEEP):
+    """Launch settings of the chunked kernels (spec: kernel:warps:widest value block, comma-separated): time,
+    and bits vs the module defaults."""
+    from zeromismatch.kernels import gdn_chunk as G
+
+    warps0, bv0, st0 = dict(G.NUM_WARPS), dict(G.BV_MAX), dict(G.NUM_STAGES)
+    pos = torch.full((q.shape[0],), 31, device=DEV)
+    clone = lambda c: {n: x.clone() for n, x in c.items()}  # noqa: E731
+    ref_c = clone(caches[0])
+    ref = G.chunk_decode(q, k, v, gg, beta, slots, pos, ref_c, variant="dot")
+    out = {"decode": {}, "train": {}}
+    entries = []
+    for e in spec.split(","):
+        f = e.split(":")
+        entries.append((f[0], int(f[1]), int(f[2]), int(f[3]) if len(f) > 3 else G.NUM_STAGES[f[0]]))
+    for name, w, bv, st in [e for e in entries if e[0] in ("decode", "chain")]:
+        G.NUM_WARPS[name], G.BV_MAX[name], G.NUM_STAGES[name] = w, bv, st
+        variant = "dot" if name == "decode" else "chain"
+        key = f"{name}_w{w}_bv{bv}_s{st}"
+        try:
+            c = clone(caches[0])
+            same = bool(torch.equal(G.chunk_decode(q, k, v, gg, beta, slots, pos, c, variant=variant), ref))
+            ms = bench_graph([lambda c=c: G.chunk_decode(q, k, v, gg, beta, slots, pos, c, variant=variant)
+                              for c in caches])
+            out["decode"][key] = {"ms": ms, "over_floor": ms / floor_ms, "bits_equal_dot": same}
+        except Exception as e:
+            out["decode"][key] = {"error": repr(e)[-300:]}
+        G.NUM_WARPS.update(warps0), G.BV_MAX.update(bv0), G.NUM_STAGES.update(st0)
+    if not any(e[0] in ("prep", "scan") for e in entries):
+        log("chunk sweep", out)
+        return out
+    tq, tk, tv, tg, tb = _prepared(2, q.shape[1], 4096, seed=8)
+    s0 = torch.zeros(2, q.shape[1], 128, 128, device=DEV)
+    ref = G.chunk_fwd(tq, tk, tv, tg, tb, s0)[0]
+    for name, settings in [(n, (w, bv)) for n, w, bv, _ in entries if n in ("prep", "scan")]:
+        G.NUM_WARPS[name], G.BV_MAX[name] = settings
+        try:
+            same = bool(torch.equal(G.chunk_fwd(tq, tk, tv, tg, tb, s0)[0], ref))
+            ms = bench(lambda: G.chunk_fwd(tq, tk, tv, tg, tb, s0), warmup=1, rep=5)
+            out["train"][f"{name}_w{settings[0]}_bv{settings[1]}"] = {"ms_2x4096": ms, "bits_equal_default": same}
+        except Exception as e:
+            out["train"][f"{name}_w{settings[0]}_bv{settings[1]}"] = {"error": repr(e)[-300:]}
+        G.NUM_WARPS.update(warps0), G.BV_MAX.update(bv0)
+    out["train"]["default_ms_2x4096"] = bench(lambda: G.chunk_fwd(tq, tk, tv, tg, tb, s0), warmup=1, rep=5)
+    log("chunk sweep", out)
+    return out
+
+
+def sec_chunk_time(res, args):
+    """bi_chunk's costs. Decode: one token for 64 sequences x 32 heads (K = V = 128) by the fused kernel, per
+    open-chunk position (t = 63 also writes the state), vs the fp32 state read + write floor (a copy of all 64
+    states) and vs the previous decode (the chunked forward over the zero-padded open chunk). CUDA-graph replay
+    over 4 rotating caches. Trainer: the chunked forward for 8 x 4096 tokens x 32 heads vs the recurrent
+    kernel (bi's forward) and the torch chunked form."""
+    from zeromismatch.kernels import gdn_recurrent as R
+    from zeromismatch.kernels.gdn_chunk import CHUNK, chunk_decode, chunk_fwd
+    from zeromismatch.ops.gdn.reference import chunk_fwd_torch
+
+    out = {}
+    n, h, dk, dv = 64, 32, 128, 128
+    q, k, v, gg, beta = (x[:, :, 0].contiguous() for x in _prepared(n, h, 1, seed=5))
+    caches = [_open_chunk_cache(n, h, seed=i) for i in range(4)]
+    slots = torch.arange(n, device=DEV)
+    dec = {}
+    for t in (0, 31, 63):
+        pos = torch.full((n,), t, device=DEV)
+        dec[f"t{t}_ms"] = bench_graph([lambda c=c: chunk_decode(q, k, v, gg, beta, slots, pos, c) for c in caches])
+    srcs = [c["ssm"] for c in caches]
+    dsts = [torch.empty_like(x) for x in srcs]
+    dec["state_floor_ms"] = bench_graph([lambda i=i: dsts[i].copy_(srcs[i]) for i in range(4)])
+    dec["mean_ms"] = sum(dec[f"t{t}_ms"] for t in (0, 31, 63)) / 3
+    dec["over_floor_t31"] = dec["t31_ms"] / dec["state_floor_ms"]
+    dec["over_floor_worst"] = max(dec[f"t{t}_ms"] for t in (0, 31, 63)) / dec["state_floor_ms"]
+    pq, pk, pv, pg, pb = _prepared(n, h, CHUNK, seed=6)
+    st0 = caches[0]["ssm"]
+    dec["recompute_open_chunk_ms"] = bench_graph([lambda: chunk_fwd(pq, pk, pv, pg, pb, st0)])
+    dec["recompute_over_fused"] = dec["recompute_open_chunk_ms"] / dec["t31_ms"]
+    out["decode_64seq_h32"] = dec
+    log("chunk decode", dec)
+
+    out["decode_chain_variants"] = _chain_variants(q, k, v, gg, beta, slots, caches, dec["state_floor_ms"])
+    if args.chunk_sweep:
+        spec = DEFAULT_CHUNK_SWEEP if args.chunk_sweep == "default" else args.chunk_sweep
+        out["sweep"] = _chunk_sweep(q, k, v, gg, beta, slots, caches, dec["state_floor_ms"], spec)
+    b, t = 8, 4096
+    q, k, v, gg, beta = _prepared(b, h, t, seed=7)
+    s0 = torch.zeros(b, h, dk, dv, device=DEV)
+    tr = {"chunk_fwd_ms": bench(lambda: chunk_fwd(q, k, v, gg, beta, s0), warmup=2, rep=10)}
+    tr["torch_chunk_fp32_ms"] = bench(lambda: chunk_fwd_torch(q, k, v, gg, beta, s0), warmup=1, rep=3)
+    rq, rk, rv, rg, rb = _gdn_inputs(b * t, h=h, hv=h, seed=21)
+    cu = _cu([t] * b)
+    o = torch.empty(b * t, h, dv, device=DEV, dtype=torch.bfloat16)
+    state = torch.zeros(b, h, dk, dv, device=DEV)
+    tr["recurrent_ms"] = bench(lambda: R.gdn_recurrent_fwd(rq, rk, rv, rg, rb, cu, state, out=o), warmup=2, rep=10)
+    tr["chunk_over_recurrent"] = tr["chunk_fwd_ms"] / tr["recurrent_ms"]
+    out["train_8x4096_h32"] = tr
+    return out
 
 
 def build_gpu_model(preset):
@@ -442,6 +605,29 @@ def sec_parity(res, args):
         del m
         torch.cuda.empty_cache()
     gemm.POLICY = "adaptive"
+    return out
+
+
+def sec_parity_chain(res, args):
+    """bi_chunk parity with the experimental loop-chain decode kernel, in whichever form (fused or multiply
+    then add) matched the dot decode bit for bit in chunk_time's check (none matched: skipped)."""
+    from zeromismatch.kernels import gdn_chunk
+
+    checks = (res.get("chunk_time") or {}).get("decode_chain_variants", {})
+    ok = [v for v, r in checks.items() if isinstance(r, dict) and r and all(r.get(f"t{t}_equal") for t in (0, 1, 31, 62, 63))]
+    if not ok:
+        return {"skipped": "no loop-chain variant matched the dot decode"}
+    gdn_chunk.DECODE = ok[0]
+    out = {"variant": ok[0]}
+    try:
+        for preset in args.presets.split(","):
+            m = build_gpu_model(preset)
+            out[preset] = parity_run(m, "bi_chunk")
+            log("parity_chain", preset, {a: b for a, b in out[preset].items() if a in ("max_abs_diff", "gen_s")})
+            del m
+            torch.cuda.empty_cache()
+    finally:
+        gdn_chunk.DECODE = "dot"
     return out
 
 
@@ -794,7 +980,7 @@ def sec_pytest(res, args):
 
 
 SECTIONS = ["env", "ceilings", "reduce", "gemm_cfg", "gemm_check", "gemm_inv", "bmm", "gdn", "gdn_chunk", "parity",
-            "gemm_time", "gdn_time", "cublaslt", "pytest", "model_time"]
+            "chunk_time", "parity_chain", "gemm_time", "gdn_time", "cublaslt", "pytest", "model_time"]
 # also available: gemm_sweep, gdn_sweep (the tile / kernel-variant sweeps behind the defaults)
 
 
@@ -811,6 +997,8 @@ def main():
     ap.add_argument("--hybrid-presets", default="tiny,qwen3_5_mid")
     ap.add_argument("--hybrid-modes", default="bi,bi_chunk")
     ap.add_argument("--stock-presets", default="tiny,tiny_moe,qwen3_5_mid")
+    ap.add_argument("--chunk-sweep", default="", help="chunk_time: also sweep the chunked kernels' launch settings "
+                    "('default', or kernel:warps:bv,... with kernel in decode/prep/scan)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sys.path.insert(0, os.path.join(ROOT, "src"))

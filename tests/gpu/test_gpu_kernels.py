@@ -154,3 +154,109 @@ def test_gdn_chunk_cuda_reference_prefix_and_batch():
 
         op, _ = chunk_fwd(pad(q), pad(k), pad(v), pad(gg), pad(beta), st[:, :, 2])
         assert torch.equal(op[:, :, :r], o[:, :, sl]), r
+
+
+def _prepared_inputs(b, h, t, dk, dv, seed):
+    g = _gen(seed)
+    q = torch.nn.functional.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1) * dk**-0.5
+    k = torch.nn.functional.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1)
+    v = torch.randn(b, h, t, dv, device=DEV, generator=g)
+    gg = -torch.rand(b, h, t, device=DEV, generator=g) * 0.3
+    beta = torch.rand(b, h, t, device=DEV, generator=g)
+    return q, k, v, gg, beta
+
+
+def test_gdn_chunk_decode_equals_chunked_forward():
+    """bi_chunk's fused decode step == the trainer's chunked forward, bit for bit: 4 sequences in 4 of 8 cache
+    slots, each prefilled to a different length (0, 5, 63, 81 tokens: boundary state + open-chunk rows stored
+    from chunk_fwd(return_rows=True)), then decoded together token by token (every position in the open chunk,
+    chunk closes included) to 200 tokens; rows and final states compared with torch.equal; other slots untouched."""
+    from zeromismatch.kernels.gdn_chunk import CHUNK, chunk_decode, chunk_fwd
+
+    b, h, dk, dv, total = 4, 4, 128, 128, 200
+    q, k, v, gg, beta = _prepared_inputs(b, h, 256, dk, dv, 21)
+    for x in (q, k, v, gg, beta):
+        x[:, :, total:] = 0  # the trainer's zero padding
+    s0 = torch.zeros(b, h, dk, dv, device=DEV)
+    o_ref, st_ref = chunk_fwd(q, k, v, gg, beta, s0)
+
+    slots = torch.tensor([5, 2, 7, 0], device=DEV)
+    n_slots = 8
+    f32 = dict(device=DEV, dtype=torch.float32)
+    cache = {
+        "ssm": torch.randn(n_slots, h, dk, dv, **f32), "ck": torch.randn(n_slots, h, CHUNK, dk, **f32),
+        "cv": torch.randn(n_slots, h, CHUNK, dv, **f32), "cg": torch.randn(n_slots, h, CHUNK, **f32),
+        "cb": torch.randn(n_slots, h, CHUNK, **f32), "ct": torch.randn(n_slots, h, CHUNK, CHUNK, **f32),
+        "cu": torch.randn(n_slots, h, CHUNK, dv, **f32),
+    }
+    others = [i for i in range(n_slots) if i not in slots.tolist()]
+    before = {n: t[others].clone() for n, t in cache.items()}
+    prefill = [0, 5, 63, 81]
+    for i, p in enumerate(prefill):  # what the generator stores after a prefill of p tokens
+        width = (p // CHUNK + 1) * CHUNK
+        xs = [x[i : i + 1, :, :width].clone() for x in (q, k, v, gg, beta)]
+        for x in xs:
+            x[:, :, p:] = 0
+        _, st, tm, u = chunk_fwd(*xs, s0[i : i + 1], return_rows=True)
+        full, sl = p // CHUNK, slice(p // CHUNK * CHUNK, p // CHUNK * CHUNK + CHUNK)
+        s = slots[i]
+        cache["ssm"][s] = st[0, :, full]
+        cache["ck"][s], cache["cv"][s] = xs[1][0, :, sl], xs[2][0, :, sl]
+        cache["cg"][s], cache["cb"][s] = xs[3][0, :, sl], xs[4][0, :, sl]
+        cache["ct"][s], cache["cu"][s] = tm[0, :, full], u[0, :, sl]
+    pos = torch.tensor(prefill, device=DEV)
+    out = torch.zeros(b, h, total, dv, device=DEV)
+    while True:
+        live = (pos < total).nonzero().flatten()
+        if not len(live):
+            break
+        p = pos[live]
+        qt, kt, vt, gt, bt = (x[live, :, p] for x in (q, k, v, gg, beta))  # [n, HV, ...]
+        o = chunk_decode(qt, kt, vt, gt, bt, slots[live], p % CHUNK, cache)
+        for j, i in enumerate(live.tolist()):
+            out[i, :, pos[i]] = o[j]
+        pos[live] += 1
+    for i, p in enumerate(prefill):
+        assert torch.equal(out[i, :, p:total], o_ref[i, :, p:total]), i
+    # 200 = 3 * 64 + 8: the state in the cache is the boundary state after 192 tokens
+    assert torch.equal(cache["ssm"][slots], st_ref[:, :, 3])
+    for n, t in before.items():
+        assert torch.equal(cache[n][others], t), n
+
+
+def test_gdn_chunk_cuda_grad_matches_reference():
+    from zeromismatch.ops.gdn.reference import chunk_fwd, chunk_fwd_torch
+
+    q, k, v, gg, beta = (x.requires_grad_() for x in _prepared_inputs(2, 2, 128, 128, 128, 22))
+    s0 = torch.zeros(2, 2, 128, 128, device=DEV)
+    o, _ = chunk_fwd(q, k, v, gg, beta, s0)
+    w = torch.randn_like(o)
+    grads = torch.autograd.grad((o * w).sum(), (q, k, v, gg, beta))
+    o_ref, _ = chunk_fwd_torch(q, k, v, gg, beta, s0)
+    torch.testing.assert_close(o, o_ref, rtol=1e-4, atol=1e-4)
+    grads_ref = torch.autograd.grad((o_ref * w).sum(), (q, k, v, gg, beta))
+    for a, b_ in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b_)
+
+
+@pytest.mark.parametrize("t", [0, 1, 31, 62, 63])
+def test_gdn_chunk_decode_kernels_agree(t):
+    """The loop-chain decode kernel (default) == the dot decode kernel (the trainer's construct), output and
+    every cache tensor, from random open-chunk rows (relies on tl.dot's fp32 lowering being a fused FMA chain)."""
+    from zeromismatch.kernels.gdn_chunk import CHUNK, chunk_decode
+
+    n, h, d = 6, 4, 128
+    g = _gen(30 + t)
+    cache = {"ssm": torch.randn(n, h, d, d, device=DEV, generator=g) * 0.1,
+             "ck": torch.randn(n, h, CHUNK, d, device=DEV, generator=g), "cv": torch.randn(n, h, CHUNK, d, device=DEV, generator=g),
+             "cg": -torch.rand(n, h, CHUNK, device=DEV, generator=g), "cb": torch.rand(n, h, CHUNK, device=DEV, generator=g),
+             "ct": torch.randn(n, h, CHUNK, CHUNK, device=DEV, generator=g) * 0.1,
+             "cu": torch.randn(n, h, CHUNK, d, device=DEV, generator=g)}
+    xs = [x[:, :, 0] for x in _prepared_inputs(n, h, 1, d, d, 31)]
+    slots, pos = torch.arange(n, device=DEV), torch.full((n,), t, device=DEV)
+    a, b = ({k: v.clone() for k, v in cache.items()} for _ in range(2))
+    oa = chunk_decode(*xs, slots, pos, a, variant="dot")
+    ob = chunk_decode(*xs, slots, pos, b, variant="chain")
+    assert torch.equal(oa, ob)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

@@ -1,8 +1,13 @@
 """Cache storage: fp32 GDN state per sequence slot and attention KV in fixed 64-token blocks.
 
 GDN state per slot (per GDN layer): conv = last W-1 conv inputs; ssm = fp32 state (bi_chunk: the state at
-the last 64-token boundary); buf_* = the open chunk's per-token inputs (bi_chunk only: conv outputs, g,
-beta). A bf16 state would be rounded at every decode token; the state stays fp32 in every mode.
+the last 64-token boundary); the open chunk's rows (bi_chunk only): on CPU buf_* = per-token inputs (conv
+outputs, g, beta), recomputed through the chunked form each call; on CUDA ck/cv/cg/cb/ct/cu = the rows the
+fused decode kernel reads and appends (prepared k, v, g, beta, rows of (I + A)^-1, u; fp32, allocated on first
+use). A bf16 state would be rounded at every decode token; the state stays fp32 in every mode.
+
+Snapshots (prefix cache) are taken at 64-token boundaries, where the open chunk is empty: they hold conv and
+ssm only.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from ..models.layout import SeqLayout
 from ..ops.gdn import CHUNK
 
 BLOCK_SIZE = 64  # multiple of the GDN chunk, so prefix-cache hits land on chunk boundaries
+SNAPSHOT_KEYS = ("conv", "ssm")  # at a chunk boundary nothing else is read
 
 
 class CacheStorage:
@@ -37,13 +43,26 @@ class CacheStorage:
                 self.k[i] = torch.zeros(shape, device=device, dtype=dtype)
                 self.v[i] = torch.zeros(shape, device=device, dtype=dtype)
 
+    def open_chunk_rows(self, layer_idx: int) -> None:
+        """Allocate the CUDA bi_chunk open-chunk rows of one layer (fp32 [slots, HV, 64, ...])."""
+        st = self.gdn[layer_idx]
+        if "ck" in st:
+            return
+        slots, hv, dk, dv = st["ssm"].shape
+        f32 = dict(device=st["ssm"].device, dtype=torch.float32)
+        st.update(
+            ck=torch.zeros(slots, hv, CHUNK, dk, **f32), cv=torch.zeros(slots, hv, CHUNK, dv, **f32),
+            cg=torch.zeros(slots, hv, CHUNK, **f32), cb=torch.zeros(slots, hv, CHUNK, **f32),
+            ct=torch.zeros(slots, hv, CHUNK, CHUNK, **f32), cu=torch.zeros(slots, hv, CHUNK, dv, **f32),
+        )
+
     def reset_slot(self, slot: int) -> None:
         for state in self.gdn.values():
             for t in state.values():
                 t[slot].zero_()
 
     def snapshot(self, slot: int) -> dict[int, dict[str, torch.Tensor]]:
-        return {i: {n: t[slot].clone() for n, t in st.items()} for i, st in self.gdn.items()}
+        return {i: {n: st[n][slot].clone() for n in SNAPSHOT_KEYS} for i, st in self.gdn.items()}
 
     def restore(self, slot: int, snap: dict[int, dict[str, torch.Tensor]]) -> None:
         for i, st in snap.items():
@@ -105,10 +124,13 @@ class BatchCacheView:
     def gdn_state(self, layer_idx: int) -> dict[str, torch.Tensor]:
         return _Gather(self.s.gdn[layer_idx], self.slots)
 
-    def ssm_inplace(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the layer's whole fp32 [slots, HV, K, V] state tensor, this batch's slot indices): for kernels that
-        read and update the states in place (the GPU recurrent GDN) instead of gather + scatter."""
-        return self.s.gdn[layer_idx]["ssm"], self.slots
+    def gdn_inplace(self, layer_idx: int, open_chunk: bool = False) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """(the layer's whole per-slot tensors, this batch's slot indices): for kernels that read and update the
+        state in place (the GPU recurrent GDN, the bi_chunk decode) instead of gather + scatter. open_chunk:
+        make sure the bi_chunk open-chunk rows exist."""
+        if open_chunk:
+            self.s.open_chunk_rows(layer_idx)
+        return self.s.gdn[layer_idx], self.slots
 
     def set_gdn_state(self, layer_idx: int, state: dict[str, torch.Tensor]) -> None:
         for n, t in state.items():

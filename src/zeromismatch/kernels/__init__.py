@@ -10,8 +10,9 @@ Why these exist (measured or known on the H200, torch 2.11 + triton 3.6; see exp
   reduction whose layout depends only on the row length.
 - cuBLAS picks GEMM kernels by M (and batch count): `gemm.linear` / `bmm.bmm` are Triton GEMMs with a fixed
   K order and no split-K.
-- `gdn_recurrent` is the recurrent GDN forward (one compiled variant for every call), `gdn_chunk` the chunked
-  forward built from invariant batched matmuls and a forward-substitution inverse.
+- `gdn_recurrent` is the recurrent GDN forward (one compiled variant for every call); `gdn_chunk` the chunked
+  forward (bi_chunk's trainer) and the fused chunk-consistent decode step that equals its rows bit for bit.
+- `gemm`, `bmm`, `reduce`: the batch-invariant GEMMs and row reductions.
 """
 
 from __future__ import annotations

@@ -1,109 +1,427 @@
-"""Chunked gated-delta-rule forward on CUDA, batch-invariant: the same function as
-ops.gdn.reference.chunk_fwd (chunk 64, fp32), with every step that could depend on the batch made fixed:
+"""Chunked gated-delta-rule forward on CUDA, and the chunk-consistent decode step of `bi_chunk`.
 
-- all matmuls through kernels.bmm (fixed tile config per matrix shape, FMA in fp32, sequential K order);
-- the within-chunk cumsum of g as a matmul with a triangular ones matrix (sequential sum);
-- (I + A)^-1 by forward substitution in one Triton program per chunk (torch.linalg.solve_triangular on CUDA
-  switches between a cuBLAS loop and batched trsm by batch count).
+Same function as ops.gdn.reference.chunk_fwd (chunk C = 64, fp32): per chunk, G = cumsum(g),
+A = strict(exp(G_t - G_j) (beta_t k_t).k_j), T = (I + A)^-1, w = T (beta exp(G) k), u0 = T (beta v),
+u = u0 - w S, o = exp(G) q S + (causal exp(G_t - G_j) q_t.k_j) u, S' = exp(G_C) S + (exp(G_C - G) k)^T u.
 
-Row t of a chunk still reads only rows <= t (masked entries are exact zeros), so a zero-padded partial chunk
-gives the same row t as the full chunk: the chunk-aligned decoding of `bi_chunk` stays exact on the GPU.
-Differentiable (backward in plain torch).
+Why our own arithmetic, and why the decode step can equal it bit for bit: every sum is a `tl.dot` with
+input_precision="ieee", which Triton lowers to one sequential FMA chain per output element over the
+contraction index (0, 1, ..., K-1), whatever the tile shape or layout. So row t of a [64, K] x [K, N] product
+in the trainer and row 0 of a [16, K] x [K, N] product in the decode step (row t's operand in row 0, zeros
+elsewhere) are the same chain of the same operations. Entries past row t are multiplied by exact zeros
+(strict / causal masks, T's upper triangle), which leave a chain unchanged. Everything else is elementwise
+(identical source in both kernels; fp fusion off, so no compiler-chosen multiply-add contraction) or an exact
+extraction (a masked sum with one non-zero term). Prefix sums use the dot too (a lower-triangular ones matrix),
+and (I + A)^-1 is forward substitution, one row at a time, each row one dot: exactly the decode step's work.
+
+Kernels:
+- `_prep_kernel`: one program per (chunk, sequence-head); no state dependency, so all chunks in parallel.
+- `_scan_kernel`: one program per (value block, sequence-head), sequential over the chunks, state in registers.
+- the decode step: one token for a batch of sequences, one program per (sequence, head), state and the open
+  chunk's rows read and written in place in the generator's cache slots. It reads the fp32 state once and
+  writes it only when the chunk closes (every 64 tokens); the open chunk's rows (k, v, g, beta, T, u) are
+  cached so no earlier row is recomputed. Two kernels: `_decode_kernel` ("dot": the trainer's construct, its
+  operand in row 0 of 16-row tiles, equal by construction) and `_decode_chain_kernel` ("chain", default:
+  each chain a loop of tl.fma, no padding, 5x faster; equal to "dot" because tl.dot's fp32 lowering is a
+  fused-multiply-add chain, which the H200 suite measures every run: results/gpu/README.md).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
-from .bmm import bmm
+from . import configure_cuda
+
+CHUNK = 64
+# no compiler-chosen multiply-add contraction: elementwise ops round as written, in every kernel alike
+_OPTS = dict(enable_fp_fusion=False)
+
+
+# ----------------------------------------------------------------------------------- shared row arithmetic
 
 
 @triton.jit
-def _tri_inv_kernel(a_ptr, t_ptr, C: tl.constexpr):
-    """T = (I + A)^-1 for A strictly lower triangular (entries on/above the diagonal are ignored)."""
-    bid = tl.program_id(0).to(tl.int64)
+def _as_row16(x):
+    """[N] -> [16, N] with x in row 0 and zeros below (the smallest M tl.dot takes)."""
+    r16 = tl.arange(0, 16)
+    return tl.where(r16[:, None] == 0, x[None, :], 0.0)
+
+
+@triton.jit
+def _row(m, i, M: tl.constexpr):
+    """Row i of an [M, N] register tile (exact: one non-zero term per sum)."""
+    rows = tl.arange(0, M)
+    return tl.sum(tl.where(rows[:, None] == i, m, 0.0), axis=0)
+
+
+@triton.jit
+def _at(x, i, N: tl.constexpr):
+    """x[i] of an [N] register vector (exact)."""
+    return tl.sum(tl.where(tl.arange(0, N) == i, x, 0.0), axis=0)
+
+
+@triton.jit
+def _cum_log_decay(g, C: tl.constexpr):
+    """G[t] = g[0] + ... + g[t], as the FMA chain of lower-ones @ g (rows past the last token add exact zeros)."""
     rows = tl.arange(0, C)
-    cols = tl.arange(0, C)
-    base = bid * C * C
-    eye = (rows[:, None] == cols[None, :]).to(tl.float32)
-    t = eye
-    for i in range(1, C):
-        a_i = tl.load(a_ptr + base + i * C + rows, mask=rows < i, other=0.0)  # A[i, j], j along axis 0
-        new = -tl.sum(a_i[:, None] * t, axis=0)  # - sum_{j<i} A[i, j] T[j, :]
-        new = tl.where(cols == i, 1.0, new)
-        t = tl.where(rows[:, None] == i, new[None, :], t)
-    tl.store(t_ptr + base + rows[:, None] * C + cols[None, :], t)
+    lower = (rows[None, :] <= rows[:, None]).to(tl.float32)
+    gm = tl.dot(lower, tl.broadcast_to(g[:, None], (C, 16)), input_precision="ieee")
+    c16 = tl.arange(0, 16)
+    return tl.sum(tl.where(c16[None, :] == 0, gm, 0.0), axis=1)
 
 
-def tri_inv_raw(a: torch.Tensor) -> torch.Tensor:
-    c = a.shape[-1]
-    a3 = a.reshape(-1, c, c).contiguous().float()
-    out = torch.empty_like(a3)
-    if a3.shape[0]:
-        _tri_inv_kernel[(a3.shape[0],)](a3, out, C=c, num_warps=4)
-    return out.reshape(a.shape)
+@triton.jit
+def _tri_row(a, tm):
+    """Row i of T = (I + A)^-1 from A's row i (zero at and past i) and T's rows < i (zero rows past them):
+    -(a @ T), the diagonal set to 1 by the caller."""
+    return -_row(tl.dot(_as_row16(a), tm, input_precision="ieee"), 0, 16)
 
 
-class _TriInv(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a):
-        t = tri_inv_raw(a)
-        ctx.save_for_backward(t)
-        return t
-
-    @staticmethod
-    def backward(ctx, gt):
-        (t,) = ctx.saved_tensors
-        c = t.shape[-1]
-        strict = torch.ones(c, c, dtype=torch.bool, device=t.device).tril(-1)
-        ga = -(t.transpose(-1, -2) @ gt @ t.transpose(-1, -2))
-        return ga.masked_fill(~strict, 0.0)
+# ------------------------------------------------------------------------------------------------ trainer
 
 
-def tri_inv(a: torch.Tensor) -> torch.Tensor:
-    if torch.is_grad_enabled() and a.requires_grad:
-        return _TriInv.apply(a)
-    return tri_inv_raw(a)
+@triton.jit(do_not_specialize=["T"])
+def _prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u0_ptr, qk_ptr, qd_ptr, kd_ptr, gl_ptr, tm_ptr, T,
+                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, STORE_T: tl.constexpr):
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    n_chunks = T // C
+    rows = tl.arange(0, C)
+    kk = tl.arange(0, K)
+    tok = bh * T + c * C + rows  # token rows of this chunk
+    chunk = bh * n_chunks + c
+
+    g = tl.load(g_ptr + tok)
+    beta = tl.load(b_ptr + tok)
+    G = _cum_log_decay(g, C)
+    eG = tl.exp(G)
+    g_last = _at(G, C - 1, C)
+    causal = rows[None, :] <= rows[:, None]
+    decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
+
+    k = tl.load(k_ptr + tok[:, None] * K + kk[None, :])
+    q = tl.load(q_ptr + tok[:, None] * K + kk[None, :])
+    qk = tl.dot(q, tl.trans(k), input_precision="ieee") * decay
+    tl.store(qk_ptr + (chunk * C + rows)[:, None] * C + rows[None, :], qk)
+    tl.store(qd_ptr + (chunk * C + rows)[:, None] * K + kk[None, :], q * eG[:, None])
+    tl.store(kd_ptr + (chunk * C + rows)[:, None] * K + kk[None, :], k * tl.exp(g_last - G)[:, None])
+    tl.store(gl_ptr + chunk, tl.exp(g_last))
+
+    kb = k * beta[:, None]
+    a = tl.dot(kb, tl.trans(k), input_precision="ieee") * decay
+    a = tl.where(rows[None, :] < rows[:, None], a, 0.0)
+    tm = tl.zeros((C, C), dtype=tl.float32)
+    for i in range(0, C):  # forward substitution, row by row (the decode step's per-token work)
+        new = tl.where(rows == i, 1.0, _tri_row(_row(a, i, C), tm))
+        tm = tl.where(rows[:, None] == i, new[None, :], tm)
+    if STORE_T:
+        tl.store(tm_ptr + (chunk * C + rows)[:, None] * C + rows[None, :], tm)
+
+    kbg = kb * eG[:, None]
+    tl.store(w_ptr + (chunk * C + rows)[:, None] * K + kk[None, :], tl.dot(tm, kbg, input_precision="ieee"))
+    for vb in tl.static_range(V // BV):
+        vv = vb * BV + tl.arange(0, BV)
+        v = tl.load(v_ptr + tok[:, None] * V + vv[None, :])
+        u0 = tl.dot(tm, v * beta[:, None], input_precision="ieee")
+        tl.store(u0_ptr + (chunk * C + rows)[:, None] * V + vv[None, :], u0)
 
 
-def chunk_fwd(q, k, v, g, beta, state, chunk: int = 64):
-    """Same contract as ops.gdn.reference.chunk_fwd: q, k [B, HV, T, K]; v [B, HV, T, V]; g, beta [B, HV, T]
-    (T a multiple of the chunk); state [B, HV, K, V] fp32. Returns (o [B, HV, T, V], states
-    [B, HV, n_chunks + 1, K, V])."""
+@triton.jit(do_not_specialize=["T"])
+def _scan_kernel(w_ptr, u0_ptr, qk_ptr, qd_ptr, kd_ptr, gl_ptr, s0_ptr, o_ptr, st_ptr, u_ptr, T,
+                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+                 STORE_STATES: tl.constexpr, STORE_U: tl.constexpr):
+    vb = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    n_chunks = T // C
+    rows = tl.arange(0, C)
+    kk = tl.arange(0, K)
+    vv = vb * BV + tl.arange(0, BV)
+    s = tl.load(s0_ptr + (bh * K + kk)[:, None] * V + vv[None, :])
+    if STORE_STATES:
+        tl.store(st_ptr + ((bh * (n_chunks + 1)) * K + kk)[:, None] * V + vv[None, :], s)
+    for c in range(0, n_chunks):
+        chunk = bh * n_chunks + c
+        crow = chunk * C + rows
+        w = tl.load(w_ptr + crow[:, None] * K + kk[None, :])
+        u = tl.load(u0_ptr + crow[:, None] * V + vv[None, :]) - tl.dot(w, s, input_precision="ieee")
+        qd = tl.load(qd_ptr + crow[:, None] * K + kk[None, :])
+        qk = tl.load(qk_ptr + crow[:, None] * C + rows[None, :])
+        # the chain over the chunk starts from q S (an explicit accumulator: Triton would otherwise fold the sum
+        # into the dot itself, and the decode step must know which)
+        o = tl.dot(qk, u, tl.dot(qd, s, input_precision="ieee"), input_precision="ieee")
+        tok = bh * T + c * C + rows
+        tl.store(o_ptr + tok[:, None] * V + vv[None, :], o)
+        if STORE_U:
+            tl.store(u_ptr + tok[:, None] * V + vv[None, :], u)
+        kd = tl.load(kd_ptr + crow[:, None] * K + kk[None, :])
+        s = tl.dot(tl.trans(kd), u, s * tl.load(gl_ptr + chunk), input_precision="ieee")
+        if STORE_STATES:
+            tl.store(st_ptr + ((bh * (n_chunks + 1) + c + 1) * K + kk)[:, None] * V + vv[None, :], s)
+
+
+# launch settings; no setting changes a value (every product is a chain over K or the chunk, not over V)
+# (picked by the H200 sweep in results/gpu/README.md: every setting gave the same bits)
+NUM_WARPS = {"prep": 16, "scan": 8, "decode": 8, "chain": 2}
+BV_MAX = {"prep": 64, "scan": 16, "decode": 16, "chain": 32}
+NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "chain": 1}
+_BV: dict[tuple, int] = {}  # (kernel, K, V, widest allowed) -> value block that fits the shared memory
+
+
+def _launch(name, kernel, grid_of_bv, *args, V: int, **kw):
+    """Launch with the widest value block (<= BV_MAX[name], halving) whose shared memory fits; remembered."""
+    key = (name, kw.get("K"), V, BV_MAX[name], NUM_WARPS[name], NUM_STAGES[name])
+    kw["num_warps"], kw["num_stages"] = NUM_WARPS[name], NUM_STAGES[name]
+    cands = [_BV[key]] if key in _BV else [b for b in (64, 32, 16) if V % b == 0 and b <= BV_MAX[name]] or [V]
+    for i, bv in enumerate(cands):
+        try:
+            kernel[grid_of_bv(bv)](*args, V=V, BV=bv, **kw)
+            _BV[key] = bv
+            return
+        except OutOfResources:
+            if i == len(cands) - 1:
+                raise
+
+
+def chunk_fwd(q, k, v, g, beta, state, chunk: int = CHUNK, return_rows: bool = False):
+    """q, k [B, HV, T, K]; v [B, HV, T, V]; g, beta [B, HV, T] fp32 (T a multiple of 64, zero-padded);
+    state [B, HV, K, V] fp32. Returns (o [B, HV, T, V], states [B, HV, n_chunks + 1, K, V]); with return_rows
+    also (tm [B, HV, n_chunks, C, C] the per-chunk (I + A)^-1, u [B, HV, T, V]): what the generator caches for
+    an open chunk. Not differentiable (ops.gdn wraps it with the chunked torch backward)."""
+    configure_cuda()
+    assert chunk == CHUNK, chunk
     b, h, t, dk = q.shape
     dv = v.shape[-1]
-    assert t % chunk == 0, f"chunk_fwd needs T % {chunk} == 0, got {t}"
-    n = t // chunk
-    q, k = q.reshape(b, h, n, chunk, dk), k.reshape(b, h, n, chunk, dk)
-    v = v.reshape(b, h, n, chunk, dv)
-    g, beta = g.reshape(b, h, n, chunk), beta.reshape(b, h, n, chunk)
+    assert t % CHUNK == 0, f"chunk_fwd needs T % {CHUNK} == 0, got {t}"
+    n = t // CHUNK
+    q, k, v, g, beta = (x.float().contiguous() for x in (q, k, v, g, beta))
+    s0 = state.float().contiguous()
+    f32 = dict(device=q.device, dtype=torch.float32)
+    w, qd, kd = (torch.empty(b, h, n, CHUNK, dk, **f32) for _ in range(3))
+    u0 = torch.empty(b, h, n, CHUNK, dv, **f32)
+    qk = torch.empty(b, h, n, CHUNK, CHUNK, **f32)
+    gl = torch.empty(b, h, n, **f32)
+    tm = torch.empty(b, h, n, CHUNK, CHUNK, **f32) if return_rows else qk
+    o = torch.empty(b, h, t, dv, **f32)
+    states = torch.empty(b, h, n + 1, dk, dv, **f32)
+    u = torch.empty(b, h, t, dv, **f32) if return_rows else o
+    if b * h and n:
+        _launch("prep", _prep_kernel, lambda bv: (n, b * h), q, k, v, g, beta, w, u0, qk, qd, kd, gl, tm, t, K=dk, V=dv,
+                C=CHUNK, STORE_T=return_rows, **_OPTS)
+        _launch("scan", _scan_kernel, lambda bv: (dv // bv, b * h), w, u0, qk, qd, kd, gl, s0, o, states, u, t, K=dk,
+                V=dv, C=CHUNK, STORE_STATES=True, STORE_U=return_rows, **_OPTS)
+    else:
+        states[:, :, 0] = s0
+    if return_rows:
+        return o, states, tm, u
+    return o, states
 
-    ones = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device)
-    strict = ones.tril(-1)
-    causal = ones.tril(0)
-    upper_ones = causal.t().to(torch.float32)  # U[i, t] = 1 for i <= t
-    G = bmm(g.unsqueeze(-2), upper_ones).squeeze(-2)  # cumsum over the chunk, sequential
-    diff = G[..., :, None] - G[..., None, :]
-    decay_causal = torch.exp(diff.masked_fill(~causal, float("-inf")))
 
-    kt = k.transpose(-1, -2)
-    kb = k * beta[..., None]
-    A = bmm(kb, kt) * decay_causal
-    A = A.masked_fill(~strict, 0.0)
-    T = tri_inv(A)
-    u0 = bmm(T, v * beta[..., None])
-    w = bmm(T, kb * torch.exp(G)[..., None])
-    qk = bmm(q, kt) * decay_causal
-    q_dec = q * torch.exp(G)[..., None]
-    k_dec_t = (k * torch.exp(G[..., -1:] - G)[..., None]).transpose(-1, -2)
-    g_last = torch.exp(G[..., -1])[..., None, None]
+# ------------------------------------------------------------------------------------------------ decode
 
-    outs, states = [], [state]
-    for c in range(n):
-        u = u0[:, :, c] - bmm(w[:, :, c], state)
-        outs.append(bmm(q_dec[:, :, c], state) + bmm(qk[:, :, c], u))
-        state = state * g_last[:, :, c] + bmm(k_dec_t[:, :, c], u)
-        states.append(state)
-    return torch.stack(outs, dim=2).reshape(b, h, t, dv), torch.stack(states, dim=2)
+
+@triton.jit
+def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
+                   s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, HV,
+                   K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + i).to(tl.int64)
+    t = tl.load(pos_ptr + i)  # position of this token in its open chunk
+    sh = slot * HV + h
+    ih = i * HV + h
+    rows = tl.arange(0, C)
+    kk = tl.arange(0, K)
+    prev = rows < t
+    cur = rows == t
+
+    # the chunk so far: cached rows < t, this token at row t, zeros after
+    q_t = tl.load(q_ptr + ih * K + kk)
+    k_t = tl.load(k_ptr + ih * K + kk)
+    g_t = tl.load(g_ptr + ih)
+    b_t = tl.load(b_ptr + ih)
+    g = tl.where(cur, g_t, tl.load(cg_ptr + sh * C + rows, mask=prev, other=0.0))
+    beta = tl.where(cur, b_t, tl.load(cb_ptr + sh * C + rows, mask=prev, other=0.0))
+    k = tl.load(ck_ptr + (sh * C + rows)[:, None] * K + kk[None, :], mask=prev[:, None], other=0.0)
+    k = tl.where(cur[:, None], k_t[None, :], k)
+
+    G = _cum_log_decay(g, C)
+    eG = tl.exp(G)
+    G_t = _at(G, t, C)
+    drow = tl.where(rows <= t, tl.exp(tl.where(rows <= t, G_t - G, 0.0)), 0.0)
+
+    # rows t of A and of q k^T in one product (rows are independent chains)
+    r16 = tl.arange(0, 16)
+    kb_t = k_t * b_t
+    lhs = tl.where(r16[:, None] == 0, kb_t[None, :], tl.where(r16[:, None] == 1, q_t[None, :], 0.0))
+    both = tl.dot(lhs, tl.trans(k), input_precision="ieee")
+    a = _row(both, 0, 16) * drow
+    a = tl.where(rows < t, a, 0.0)
+    qk_t = _row(both, 1, 16) * drow
+
+    tm = tl.load(ct_ptr + (sh * C + rows)[:, None] * C + rows[None, :], mask=prev[:, None], other=0.0)
+    t_row = tl.where(cur, 1.0, _tri_row(a, tm))
+    t16 = _as_row16(t_row)
+    kbg = (k * beta[:, None]) * eG[:, None]
+    w_t = _row(tl.dot(t16, kbg, input_precision="ieee"), 0, 16)
+    qd_t = q_t * _at(eG, t, C)
+    wq = tl.where(r16[:, None] == 0, w_t[None, :], tl.where(r16[:, None] == 1, qd_t[None, :], 0.0))
+    qk16 = _as_row16(qk_t)
+    closes = t == C - 1
+
+    for vb in tl.static_range(V // BV):
+        vv = vb * BV + tl.arange(0, BV)
+        v_t = tl.load(v_ptr + ih * V + vv)
+        v = tl.load(cv_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None], other=0.0)
+        v = tl.where(cur[:, None], v_t[None, :], v)
+        s = tl.load(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :])
+        u0_t = _row(tl.dot(t16, v * beta[:, None], input_precision="ieee"), 0, 16)
+        ws = tl.dot(wq, s, input_precision="ieee")  # row 0: w_t S, row 1: (q_t exp(G_t)) S
+        u_t = u0_t - _row(ws, 0, 16)
+        u = tl.load(cu_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None], other=0.0)
+        u = tl.where(cur[:, None], u_t[None, :], u)
+        o_t = _row(tl.dot(qk16, u, _as_row16(_row(ws, 1, 16)), input_precision="ieee"), 0, 16)
+        tl.store(o_ptr + ih * V + vv, o_t)
+        tl.store(cv_ptr + (sh * C + t) * V + vv, v_t)
+        tl.store(cu_ptr + (sh * C + t) * V + vv, u_t)
+        if closes:  # the chunk is complete: the next boundary state, as the trainer's scan computes it
+            kd = k * tl.exp(G_t - G)[:, None]
+            s = tl.dot(tl.trans(kd), u, s * tl.exp(G_t), input_precision="ieee")
+            tl.store(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], s)
+    tl.store(ck_ptr + (sh * C + t) * K + kk, k_t)
+    tl.store(cg_ptr + sh * C + t, g_t)
+    tl.store(cb_ptr + sh * C + t, b_t)
+    tl.store(ct_ptr + (sh * C + t) * C + rows, t_row)
+
+
+@triton.jit
+def _mac(a, b, acc, FUSED: tl.constexpr):
+    """acc + a * b, as tl.dot's FMA lowering computes one step of its chain (fused, or multiply then add)."""
+    if FUSED:
+        return tl.fma(a, b, acc)
+    else:
+        return acc + a * b
+
+
+@triton.jit
+def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
+                         s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, scr_ptr, HV,
+                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+                         FUSED: tl.constexpr):
+    """The decode step with every chain written out as a loop over its index (no 16-row padding): the same
+    chains as `_decode_kernel` when tl.dot's lowering is `FUSED` (experimental; the suite checks its bits)."""
+    i = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + i).to(tl.int64)
+    t = tl.load(pos_ptr + i)
+    sh = slot * HV + h
+    ih = i * HV + h
+    rows = tl.arange(0, C)
+    kk = tl.arange(0, K)
+    vv = tl.arange(0, V)
+    scr = scr_ptr + ih * (3 * C + 2 * K)  # a, qk, G (C each), w_t, q_t exp(G_t) (K each)
+    g_t = tl.load(g_ptr + ih)
+    b_t = tl.load(b_ptr + ih)
+    q_t = tl.load(q_ptr + ih * K + kk)
+    # append this token's inputs to the open chunk first: the loops below read row t back (barrier)
+    tl.store(ck_ptr + (sh * C + t) * K + kk, tl.load(k_ptr + ih * K + kk))
+    tl.store(cv_ptr + (sh * C + t) * V + vv, tl.load(v_ptr + ih * V + vv))
+    tl.store(cg_ptr + sh * C + t, g_t)
+    tl.store(cb_ptr + sh * C + t, b_t)
+    tl.debug_barrier()
+
+    G = tl.zeros((C,), tl.float32)
+    run = tl.sum(tl.zeros((C,), tl.float32), axis=0)
+    for j in range(0, t + 1):
+        run = run + tl.load(cg_ptr + sh * C + j)
+        G = tl.where(rows == j, run, G)
+    G_t = run
+    drow = tl.where(rows <= t, tl.exp(tl.where(rows <= t, G_t - G, 0.0)), 0.0)
+    acc_a = tl.zeros((C,), tl.float32)
+    acc_q = tl.zeros((C,), tl.float32)
+    for d in range(0, K):
+        col = tl.load(ck_ptr + (sh * C + rows) * K + d, mask=rows <= t, other=0.0)
+        acc_a = _mac(tl.load(k_ptr + ih * K + d) * b_t, col, acc_a, FUSED)
+        acc_q = _mac(tl.load(q_ptr + ih * K + d), col, acc_q, FUSED)
+    tl.store(scr + rows, tl.where(rows < t, acc_a * drow, 0.0))
+    tl.store(scr + C + rows, acc_q * drow)
+    tl.store(scr + 2 * C + rows, G)
+    tl.debug_barrier()
+
+    acc_t = tl.zeros((C,), tl.float32)
+    for j in range(0, t):
+        acc_t = _mac(tl.load(scr + j), tl.load(ct_ptr + (sh * C + j) * C + rows), acc_t, FUSED)
+    tl.store(ct_ptr + (sh * C + t) * C + rows, tl.where(rows == t, 1.0, -acc_t))
+    tl.debug_barrier()
+
+    acc_w = tl.zeros((K,), tl.float32)
+    for j in range(0, t + 1):
+        kbg = (tl.load(ck_ptr + (sh * C + j) * K + kk) * tl.load(cb_ptr + sh * C + j)) * tl.exp(tl.load(scr + 2 * C + j))
+        acc_w = _mac(tl.load(ct_ptr + (sh * C + t) * C + j), kbg, acc_w, FUSED)
+    tl.store(scr + 3 * C + kk, acc_w)
+    tl.store(scr + 3 * C + K + kk, q_t * tl.exp(G_t))
+    tl.debug_barrier()
+
+    for vb in tl.static_range(V // BV):
+        cols = vb * BV + tl.arange(0, BV)
+        acc_u = tl.zeros((BV,), tl.float32)
+        for j in range(0, t + 1):
+            vbj = tl.load(cv_ptr + (sh * C + j) * V + cols) * tl.load(cb_ptr + sh * C + j)
+            acc_u = _mac(tl.load(ct_ptr + (sh * C + t) * C + j), vbj, acc_u, FUSED)
+        acc_ws = tl.zeros((BV,), tl.float32)
+        acc_o = tl.zeros((BV,), tl.float32)
+        for d in range(0, K):
+            srow = tl.load(s_ptr + (sh * K + d) * V + cols)
+            acc_ws = _mac(tl.load(scr + 3 * C + d), srow, acc_ws, FUSED)
+            acc_o = _mac(tl.load(scr + 3 * C + K + d), srow, acc_o, FUSED)
+        u_t = acc_u - acc_ws
+        for j in range(0, t):
+            acc_o = _mac(tl.load(scr + C + j), tl.load(cu_ptr + (sh * C + j) * V + cols), acc_o, FUSED)
+        acc_o = _mac(tl.load(scr + C + t), u_t, acc_o, FUSED)
+        tl.store(o_ptr + ih * V + cols, acc_o)
+        tl.store(cu_ptr + (sh * C + t) * V + cols, u_t)
+    if t == C - 1:  # the chunk is complete: S' = S exp(G_t) + sum_j (k_j exp(G_t - G_j)) u_j^T, chain over j
+        tl.debug_barrier()
+        for vb in tl.static_range(V // BV):
+            cols = vb * BV + tl.arange(0, BV)
+            sp = s_ptr + (sh * K + kk)[:, None] * V + cols[None, :]
+            acc = tl.load(sp) * tl.exp(G_t)
+            for j in range(0, C):
+                kd = tl.load(ck_ptr + (sh * C + j) * K + kk) * tl.exp(G_t - tl.load(scr + 2 * C + j))
+                acc = _mac(kd[:, None], tl.load(cu_ptr + (sh * C + j) * V + cols)[None, :], acc, FUSED)
+            tl.store(sp, acc)
+
+
+# "chain" (default): the loop-chain kernel, measured equal to "dot" bit for bit on the H200 (tl.dot's fp32
+# lowering is a fused multiply-add chain there; "chain_mul_add" is the other reading, measured not equal)
+DECODE = os.environ.get("ZM_CHUNK_DECODE", "chain")
+
+
+def chunk_decode(q, k, v, g, beta, slots, pos, cache: dict, variant: str | None = None):
+    """One token per sequence, chunk-consistent: o equals row `pos` of `chunk_fwd` over the sequence's open
+    chunk bit for bit. q, k [N, HV, K], v [N, HV, V], g, beta [N, HV] fp32 (prepared); slots [N] cache slots;
+    pos [N] the token's position in its open chunk (start_pos % 64). cache: the layer's tensors
+    ssm [S, HV, K, V], ck [S, HV, C, K], cv [S, HV, C, V], cg, cb [S, HV, C], ct [S, HV, C, C], cu [S, HV, C, V]
+    (all fp32), updated in place (the state only when the chunk closes). Returns o [N, HV, V] fp32."""
+    configure_cuda()
+    n, hv, dk = q.shape
+    dv = v.shape[-1]
+    q, k, v, g, beta = (x.float().contiguous() for x in (q, k, v, g, beta))
+    o = torch.empty(n, hv, dv, device=q.device, dtype=torch.float32)
+    variant = variant or DECODE
+    if n and variant != "dot":
+        scr = torch.empty(n, hv, 3 * CHUNK + 2 * dk, device=q.device, dtype=torch.float32)
+        _launch("chain", _decode_chain_kernel, lambda bv: (n, hv), q, k, v, g, beta, o, slots.contiguous(),
+                pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"], cache["cg"], cache["cb"],
+                cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, FUSED=variant == "chain", 
+                **_OPTS)
+    elif n:
+        _launch("decode", _decode_kernel, lambda bv: (n, hv), q, k, v, g, beta, o, slots.contiguous(),
+                pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"], cache["cg"], cache["cb"],
+                cache["ct"], cache["cu"], hv, K=dk, V=dv, C=CHUNK, **_OPTS)
+    return o
+

@@ -5,11 +5,15 @@
 | stock    | chunked / chunked         | chunked / recurrent step                 | plain torch, SDPA         |
 | bi       | recurrent / chunked (op)  | recurrent / recurrent step               | batch-invariant, blocked  |
 | bi_chunk | chunked / chunked         | chunked, aligned to 64-token boundaries  | batch-invariant, blocked  |
-|          |                           | from the sequence start; decode recomputes|                          |
-|          |                           | the open chunk from the boundary state   |                           |
+|          |                           | from the sequence start; decode = the    |                           |
+|          |                           | chunked form's row t (see below)         |                           |
 
-`bi` is the published method. `bi_chunk` is ours: the trainer keeps the fast chunked forward and the
-generator decodes chunk-consistently, so parity costs the trainer nothing.
+`bi` is the published method. `bi_chunk` is ours: the trainer keeps the chunked forward and the generator
+decodes chunk-consistently. Decode on CPU recomputes the open chunk from the boundary state each token; on
+CUDA one fused kernel appends a row to the open chunk (kernels/gdn_chunk.py: the trainer's chunked kernels
+and the decode step share one arithmetic, so row t is the same bits). Measured cost (README, results/): on
+the CPU the trainer pays the same as `bi`; on the H200 our fp32 chunked kernels are slower than `bi`'s
+recurrent kernel, so there `bi` is the faster mode.
 
 Device dispatch: the invariant modes' callables branch on `x.is_cuda`. On CPU they are the plain-torch
 formulations of ops/invariant.py, unchanged; on CUDA they run kernels/ (Triton GEMM with a fixed K order,

@@ -18,7 +18,7 @@ import torch.nn as nn
 from ...kernels import mean_sq_last, on_gpu, sum_last
 from ...numerics import Numerics, get_numerics
 from ...ops.conv import causal_conv
-from ...ops.gdn import CHUNK, chunk_final_states, chunk_fwd, prepare_qk, recurrent_fwd, to_chunks
+from ...ops.gdn import CHUNK, chunk_final_states, chunk_fwd, chunk_fwd_torch, prepare_qk, recurrent_fwd, to_chunks
 from ...ops.gdn.autograd import gdn_recurrent_train
 from ..layout import ForwardContext, SeqLayout
 from .config import Qwen35Config
@@ -137,9 +137,13 @@ class GatedDeltaNet(nn.Module):
             if nx.gdn_form == "recurrent":
                 o = gdn_recurrent_train(q, k, v, gg, bb, state) if torch.is_grad_enabled() else recurrent_fwd(q, k, v, gg, bb, state)[0]
             else:
-                o = chunk_fwd(*to_chunks(q, k, v, gg, bb), state)[0][:, :, : q.shape[2]]
+                # stock: plain torch (cuBLAS on the GPU); bi_chunk: the batch-invariant chunked kernels
+                chunked = chunk_fwd if nx.invariant else chunk_fwd_torch
+                o = chunked(*to_chunks(q, k, v, gg, bb), state)[0][:, :, : q.shape[2]]
             return lay.to_packed(o.transpose(1, 2)), {}
         if nx.gdn_form == "aligned_chunk":
+            if on_gpu(mixed) and cache_view is not None and hasattr(cache_view, "gdn_inplace"):
+                return self._aligned_chunk_gpu(mixed, g, beta, lay, cache_view)
             return self._aligned_chunk(mixed, g, beta, lay, cache)
         if nx.gdn_form == "recurrent":
             return self._recurrent_cached(mixed, g, beta, lay, cache["ssm"], cache_view)
@@ -150,8 +154,8 @@ class GatedDeltaNet(nn.Module):
         q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
         t = q.shape[2]
         padded = to_chunks(q, k, v, gg, bb)
-        o, states = chunk_fwd(*padded, cache["ssm"].float())
-        o, ssm = o[:, :, :t], chunk_final_states(*padded, states, lay.lengths)
+        o, states = chunk_fwd_torch(*padded, cache["ssm"].float())
+        o, ssm = o[:, :, :t], chunk_final_states(*padded, states, lay.lengths, fwd=chunk_fwd_torch)
         if bool(decode.any()):
             o_r, s_r = recurrent_fwd(*(x[decode] for x in (q, k, v, gg, bb)), cache["ssm"][decode].float())
             o[decode], ssm[decode] = o_r, s_r
@@ -164,10 +168,10 @@ class GatedDeltaNet(nn.Module):
             from ...kernels.gdn_recurrent import gdn_recurrent_fwd
 
             cu = torch.tensor(lay.cu_seqlens, device=mixed.device, dtype=torch.int32)
-            inplace = getattr(cache_view, "ssm_inplace", None)
+            inplace = getattr(cache_view, "gdn_inplace", None)
             if inplace is not None:
                 storage, slots = inplace(self.layer_idx)
-                return gdn_recurrent_fwd(*self._split(mixed), g, beta, cu, storage, slots), {}
+                return gdn_recurrent_fwd(*self._split(mixed), g, beta, cu, storage["ssm"], slots), {}
             state = ssm.float().contiguous().clone()
             return gdn_recurrent_fwd(*self._split(mixed), g, beta, cu, state), {"ssm": state}
         q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
@@ -209,6 +213,56 @@ class GatedDeltaNet(nn.Module):
             "buf_qkv": open_chunk[..., :c],
             "buf_g": open_chunk[..., c : c + self.hv],
             "buf_beta": open_chunk[..., c + self.hv :],
+        }
+
+
+    def _aligned_chunk_gpu(self, mixed, g, beta, lay: SeqLayout, view):
+        """bi_chunk on the GPU. The cache holds the boundary state and the open chunk's rows as the chunked
+        kernels compute them (k, v, g, beta, rows of (I + A)^-1, u). Decode steps append one row each with the
+        fused kernel (kernels.gdn_chunk.chunk_decode: equal to the chunked forward's row bit for bit); other
+        calls run the chunked forward over [cached rows, new tokens] from the boundary state and store the new
+        open chunk's rows."""
+        from ...kernels.gdn_chunk import chunk_decode
+        from ...kernels.gdn_chunk import chunk_fwd as chunk_fwd_rows
+
+        store, slots = view.gdn_inplace(self.layer_idx, open_chunk=True)
+        q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
+        r = lay.start_pos % CHUNK  # rows already in the open chunk
+        if bool((lay.lengths == 1).all()):
+            o = chunk_decode(q[:, :, 0], k[:, :, 0], v[:, :, 0], gg[:, :, 0], bb[:, :, 0], slots, r, store)
+            return o, {}
+        b, hv, width_new = q.shape[0], q.shape[1], q.shape[2]
+        n = lay.lengths
+        width = (int((r + n).max()) // CHUNK + 1) * CHUNK  # one chunk past the last token: the new open chunk
+        j = torch.arange(width, device=q.device)[None, :]
+        idx = torch.where(j < r[:, None], j, CHUNK + j - r[:, None])
+        idx = torch.where(j < (r + n)[:, None], idx, CHUNK + width_new)  # past the end: the zero row
+
+        def place(cached, new):  # [B, HV, C, ...] rows of the open chunk + [B, HV, L, ...] new -> [B, HV, width, ...]
+            zero = new.new_zeros(new.shape[:2] + (1,) + new.shape[3:])
+            src = torch.cat([cached, new, zero], dim=2)
+            ix = idx[:, None, :].expand(b, hv, width)
+            if src.dim() == 4:
+                ix = ix[..., None].expand(b, hv, width, src.shape[-1])
+            return src.gather(2, ix)
+
+        cached = {name: store[name][slots] for name in ("ck", "cv", "cg", "cb")}
+        ks, vs = place(cached["ck"], k), place(cached["cv"], v)
+        gs, bs = place(cached["cg"], gg), place(cached["cb"], bb)
+        qs = place(torch.zeros_like(cached["ck"]), q)  # earlier rows' outputs are not recomputed: q = 0 there
+        o, states, tm, u = chunk_fwd_rows(qs, ks, vs, gs, bs, store["ssm"][slots], return_rows=True)
+        out_idx = (r[:, None] + torch.arange(width_new, device=q.device)[None, :]).clamp(max=width - 1)
+        o = o.gather(2, out_idx[:, None, :, None].expand(b, hv, width_new, o.shape[-1]))
+        full = (r + n) // CHUNK  # index of the new open chunk
+        ar = torch.arange(b, device=q.device)
+
+        def chunk_rows(x):  # [B, HV, width, ...] -> rows of chunk `full` [B, HV, C, ...]
+            return x.unflatten(2, (width // CHUNK, CHUNK))[ar, :, full]
+
+        return lay.to_packed(o.transpose(1, 2)), {
+            "ssm": states[ar, :, full],
+            "ck": chunk_rows(ks), "cv": chunk_rows(vs), "cg": chunk_rows(gs), "cb": chunk_rows(bs),
+            "ct": tm[ar, :, full], "cu": chunk_rows(u),
         }
 
 

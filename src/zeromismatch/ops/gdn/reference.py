@@ -98,11 +98,17 @@ def to_chunks(*xs: torch.Tensor) -> list[torch.Tensor]:
 
 def chunk_fwd(q, k, v, g, beta, state):
     """`chunk_fwd_torch` on CPU; on CUDA the batch-invariant kernels.gdn_chunk.chunk_fwd (same function, same
-    contract; torch's CUDA bmm / solve_triangular pick kernels by batch count)."""
+    contract; torch's CUDA bmm / solve_triangular pick kernels by batch count). Under autograd on CUDA only o
+    is returned (states None: the trainer differentiates o only)."""
     if on_gpu(q):
         from ...kernels.gdn_chunk import chunk_fwd as chunk_fwd_cuda
 
-        return chunk_fwd_cuda(q, k, v, g, beta, state, CHUNK)
+        xs = (q, k, v, g, beta, state)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+            from .autograd import chunk_fwd_cuda_train
+
+            return chunk_fwd_cuda_train(*xs), None
+        return chunk_fwd_cuda(*xs, CHUNK)
     return chunk_fwd_torch(q, k, v, g, beta, state)
 
 
@@ -208,16 +214,17 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, cu_seqlens=None
     return _repack(o.transpose(1, 2), cu_seqlens, t), final
 
 
-def chunk_final_states(q, k, v, g, beta, states, lengths):
+def chunk_final_states(q, k, v, g, beta, states, lengths, fwd=None):
     """State after each row's last valid token: the boundary state of its last full chunk, advanced over the
-    leftover tokens with the chunked form on one zero-padded chunk."""
+    leftover tokens with the chunked form (`fwd`, default chunk_fwd) on one zero-padded chunk."""
+    fwd = fwd or chunk_fwd
     finals = []
     for i, n in enumerate(lengths.tolist()):
         c, r = divmod(n, CHUNK)
         s = states[i : i + 1, :, c]
         if r:
             sl = slice(c * CHUNK, c * CHUNK + r)
-            _, st = chunk_fwd(*(pad_time(x[i : i + 1, :, sl], CHUNK) for x in (q, k, v, g, beta)), s)
+            _, st = fwd(*(pad_time(x[i : i + 1, :, sl], CHUNK) for x in (q, k, v, g, beta)), s)
             # zero-padded rows (g = 0, beta = 0, k = 0) leave the state unchanged
             s = st[:, :, 1]
         finals.append(s)

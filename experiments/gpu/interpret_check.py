@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""Check the chunked GDN kernels' logic on a CPU, without a GPU: Triton's interpreter runs the kernels on CPU
+tensors, with its fp32 `tl.dot` replaced by a sequential multiply-add chain over K (what the GPU's FMA lowering
+computes; emulated in float64 and rounded to fp32 per step). Under that emulation the fused bi_chunk decode step
+("dot", and the default loop-chain kernel against it) must equal the chunked forward bit for bit, as on the
+GPU; the forward must match float64 within 1e-5. About 3 minutes on one core.
+
+    pip install triton==3.6.0 && TRITON_INTERPRET=1 PYTHONPATH=src python experiments/gpu/interpret_check.py
+
+Not part of the test suite (CI has no Triton); a developer's check before spending device time.
+"""
+
+import os
+import sys
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    sys.exit("set TRITON_INTERPRET=1 (the kernels module reads it at import)")
+
+import numpy as np
+import torch
+import triton.runtime.interpreter as interp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+_dot = interp.InterpreterBuilder.create_dot
+
+
+def _sequential_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    if a.data.dtype != np.float32:
+        return _dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+    x, y = a.data.astype(np.float64), b.data.astype(np.float64)
+    acc = d.data.astype(np.float32).copy()
+    for i in range(x.shape[-1]):
+        acc = (x[..., :, i : i + 1] * y[..., i : i + 1, :] + acc).astype(np.float32)
+    return interp.TensorHandle(acc, d.dtype.scalar)
+
+
+interp.InterpreterBuilder.create_dot = _sequential_dot
+# tl.fma: one rounding (the interpreter's own rounds the product first)
+interp.InterpreterBuilder.create_fma = lambda self, x, y, z: interp.TensorHandle(
+    (x.data.astype(np.float64) * y.data + z.data).astype(np.float32), z.dtype.scalar)
+_set_attr = interp._LangPatchScope.set_attr
+
+
+def _set_attr_np2(self, obj, name, value):
+    # numpy >= 2 refuses int() of a size-1 array: a loop bound passed as a kernel argument (range(0, n)) fails
+    if name == "__index__":
+        value = lambda t: int(t.handle.data.reshape(-1)[0])  # noqa: E731
+    _set_attr(self, obj, name, value)
+
+
+interp._LangPatchScope.set_attr = _set_attr_np2
+
+
+def main():
+    import test_gpu_kernels as t
+
+    t.DEV = "cpu"
+    t._gen = lambda seed=0: torch.Generator().manual_seed(seed)
+    from zeromismatch.kernels.gdn_chunk import chunk_fwd
+    from zeromismatch.ops.gdn.reference import chunk_fwd_torch
+
+    q, k, v, g, beta = t._prepared_inputs(2, 2, 128, 128, 128, 1)
+    s0 = torch.randn(2, 2, 128, 128, generator=t._gen(2)) * 0.1
+    o, st = chunk_fwd(q, k, v, g, beta, s0)
+    o64, st64 = chunk_fwd_torch(*(x.double() for x in (q, k, v, g, beta, s0)))
+    rel = float((o.double() - o64).norm() / o64.norm())
+    print(f"chunk_fwd vs float64: rel err {rel:.2e}")
+    assert rel < 1e-5
+    from zeromismatch.kernels import gdn_chunk
+
+    gdn_chunk.DECODE = "dot"  # the loop-chain kernel is slow under the interpreter: compared to "dot" below
+    t.test_gdn_chunk_decode_equals_chunked_forward()
+    print("dot decode == chunked forward rows (bitwise, sequential-dot emulation): ok")
+    # the experimental loop-chain decode vs the dot decode, one step from random open-chunk rows (small dims)
+    from zeromismatch.kernels.gdn_chunk import CHUNK, chunk_decode
+
+    n, h, d = 3, 2, 32
+    g = t._gen(5)
+    cache = {"ssm": torch.randn(n, h, d, d, generator=g), "ck": torch.randn(n, h, CHUNK, d, generator=g),
+             "cv": torch.randn(n, h, CHUNK, d, generator=g), "cg": -torch.rand(n, h, CHUNK, generator=g),
+             "cb": torch.rand(n, h, CHUNK, generator=g), "ct": torch.randn(n, h, CHUNK, CHUNK, generator=g),
+             "cu": torch.randn(n, h, CHUNK, d, generator=g)}
+    xs = [x[:, :, 0] for x in t._prepared_inputs(n, h, 1, d, d, 6)]
+    for pos in ([0, 5, 63], [63, 1, 40]):
+        a, b = ({k_: v_.clone() for k_, v_ in cache.items()} for _ in range(2))
+        pos = torch.tensor(pos)
+        oa = chunk_decode(*xs, torch.arange(n), pos, a, variant="dot")
+        ob = chunk_decode(*xs, torch.arange(n), pos, b, variant="chain")
+        assert torch.equal(oa, ob) and all(torch.equal(a[k_], b[k_]) for k_ in a), pos
+    print("loop-chain decode == dot decode (output and every cache tensor): ok")
+
+
+if __name__ == "__main__":
+    main()
