@@ -16,16 +16,15 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from ..generator import Engine, SamplingParams
 from ..logging import MetricsLogger
-from ..models.qwen3_5 import build_model
 from ..rl.controller import RolloutWorker, run_async, run_lockstep
 from ..rl.losses import loss_config
 from ..rl.offpolicy import RunAheadBuffer
 from ..trainer.trainer import Trainer
+from .common import load_model, torch_dtype
 
 
 def build_task(cfg, vocab_size: int):
@@ -44,20 +43,15 @@ def build_task(cfg, vocab_size: int):
 
 
 def initial_model(cfg):
-    """SFT warm start for the math task on tiny presets (cached), a checkpoint if given, else random init."""
-    nx = cfg.numerics.name
-    dtype = getattr(torch, cfg.trainer.dtype)
-    if cfg.model.get("checkpoint"):
-        from ..models.qwen3_5.checkpoint import load_checkpoint
-
-        return load_checkpoint(cfg.model.checkpoint, numerics=nx, device=cfg.device, dtype=dtype)
-    if cfg.task.name == "math" and cfg.rl.get("sft_warm_start", True):
+    """The SFT warm start for the math task (cached; built on first use) unless a checkpoint is given, else
+    jobs.common.load_model (the checkpoint, or a random init)."""
+    if not cfg.model.get("checkpoint") and cfg.task.name == "math" and cfg.rl.get("sft_warm_start", True):
         from ..models.qwen3_5.checkpoint import load_checkpoint
         from .sft import ensure_sft_checkpoint
 
-        return load_checkpoint(ensure_sft_checkpoint(cfg), numerics=nx, device=cfg.device, dtype=dtype)
-    overrides = OmegaConf.to_container(cfg.model.overrides, resolve=True) if cfg.model.get("overrides") else {}
-    return build_model(cfg.model.preset, nx, seed=cfg.seed, device=cfg.device, dtype=dtype, **overrides)
+        return load_checkpoint(ensure_sft_checkpoint(cfg), numerics=cfg.numerics.name, device=cfg.device,
+                               dtype=torch_dtype(cfg.trainer.dtype))
+    return load_model(cfg)
 
 
 def main(cfg) -> dict:
