@@ -694,15 +694,13 @@ def sec_gdn_time(res, args):
     """Recurrent kernel at its module config (the one every call uses) and v1 for comparison."""
     from zeromismatch.kernels import gdn_recurrent as R
 
-    out = {"config": {"variant": R.VARIANT, "BV": R.BV, "num_warps": R.NUM_WARPS, "num_stages": R.NUM_STAGES}}
+    out = {"config": {"BV": R.BV, "num_warps": R.NUM_WARPS, "num_stages": R.NUM_STAGES}}
     b, t, h, hv, dk, dv = 8, 4096, 16, 32, 128, 128
     q, k, v, g, beta = _gdn_inputs(b * t, h=h, hv=hv, seed=21)
     cu = _cu([t] * b)
     o = torch.empty(b * t, hv, dv, device=DEV, dtype=torch.bfloat16)
     state = torch.zeros(b, hv, dk, dv, device=DEV)
     out["prefill_8x4096_h32_ms"] = bench(lambda: R.gdn_recurrent_fwd(q, k, v, g, beta, cu, state, out=o), warmup=5, rep=40)
-    out["prefill_v1_BV16_ms"] = bench(lambda: R.gdn_recurrent_fwd(q, k, v, g, beta, cu, state, out=o, variant="v1",
-                                                                   block_v=16), warmup=5, rep=40)
     out["prefill_tokens_per_s"] = b * t / out["prefill_8x4096_h32_ms"] * 1e3
     n = 64
     q, k, v, g, beta = _gdn_inputs(n, h=h, hv=hv, seed=22)
@@ -798,13 +796,13 @@ def sec_gdn_sweep(res, args):
     from zeromismatch.kernels.gdn_recurrent import gdn_recurrent_fwd
 
     out = {}
-    # v2 checks: float64 reference, alone == batched, split with carried state
+    # checks: float64 reference, alone == batched, split with carried state
     lens = [300, 1, 1000, 17]
     cu = _cu(lens)
     q, k, v, g, beta = _gdn_inputs(int(cu[-1]), h=4, hv=8, seed=5)
     hv, dk, dv = 8, 128, 128
-    st = {var: torch.zeros(len(lens), hv, dk, dv, device=DEV) for var in ("v1", "v2")}
-    o = {var: gdn_recurrent_fwd(q, k, v, g, beta, cu, st[var], variant=var) for var in ("v1", "v2")}
+    st = torch.zeros(len(lens), hv, dk, dv, device=DEV)
+    o = gdn_recurrent_fwd(q, k, v, g, beta, cu, st)
     errs, alone, split = [], True, True
     from zeromismatch.ops.gdn.reference import recurrent_fwd
 
@@ -816,35 +814,33 @@ def sec_gdn_sweep(res, args):
         qd, kd = (x.repeat_interleave(hv // 4, 1).transpose(0, 1)[None] for x in (qd, kd))
         oref, _ = recurrent_fwd(qd, kd, v[s:e].double().transpose(0, 1)[None], g[s:e].double().t()[None],
                                 beta[s:e].double().t()[None], torch.zeros(1, hv, dk, dv, device=DEV, dtype=torch.float64))
-        errs.append(relerr(o["v2"][s:e], oref[0].transpose(0, 1)))
+        errs.append(relerr(o[s:e], oref[0].transpose(0, 1)))
         st1 = torch.zeros(1, hv, dk, dv, device=DEV)
-        o1 = gdn_recurrent_fwd(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], _cu([e - s]), st1, variant="v2")
-        alone &= bool(torch.equal(o1, o["v2"][s:e]) and torch.equal(st1[0], st["v2"][i]))
+        o1 = gdn_recurrent_fwd(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], _cu([e - s]), st1)
+        alone &= bool(torch.equal(o1, o[s:e]) and torch.equal(st1[0], st[i]))
         if e - s > 2:
             cache = torch.randn(3, hv, dk, dv, device=DEV)
             cache[1] = 0
             cuts = [s, s + 1, s + (e - s) // 2, e]
             parts = [gdn_recurrent_fwd(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], _cu([b - a]), cache,
-                                       torch.tensor([1], device=DEV), variant="v2") for a, b in zip(cuts[:-1], cuts[1:])]
-            split &= bool(torch.equal(torch.cat(parts), o["v2"][s:e]) and torch.equal(cache[1], st["v2"][i]))
-    out["v2_max_relerr_vs_f64"] = max(errs)
-    out["v2_alone_equals_batched"] = alone
-    out["v2_split_exact"] = split
-    out["v2_vs_v1_relerr"] = relerr(o["v2"], o["v1"])
+                                       torch.tensor([1], device=DEV)) for a, b in zip(cuts[:-1], cuts[1:])]
+            split &= bool(torch.equal(torch.cat(parts), o[s:e]) and torch.equal(cache[1], st[i]))
+    out["max_relerr_vs_f64"] = max(errs)
+    out["alone_equals_batched"] = alone
+    out["split_exact"] = split
     b, t, h, hv = 8, 4096, 16, 32
     q, k, v, g, beta = _gdn_inputs(b * t, h=h, hv=hv, seed=21)
     cu = _cu([t] * b)
     ob = torch.empty(b * t, hv, dv, device=DEV, dtype=torch.bfloat16)
     state = torch.zeros(b, hv, dk, dv, device=DEV)
     pre = {}
-    for var in ("v1", "v2"):
-        for bv, warps in [(16, 1), (32, 1), (8, 1), (16, 2), (32, 2), (64, 4)]:
-            key = f"{var}_BV{bv}_w{warps}"
-            try:
-                pre[key] = bench(lambda: gdn_recurrent_fwd(q, k, v, g, beta, cu, state, out=ob, block_v=bv, num_warps=warps,
-                                                           variant=var), warmup=3, rep=20)
-            except Exception as e:
-                pre[key] = f"error: {type(e).__name__}: {str(e)[:200]}"
+    for bv, warps in [(16, 1), (32, 1), (8, 1), (16, 2), (32, 2), (64, 4)]:
+        key = f"BV{bv}_w{warps}"
+        try:
+            pre[key] = bench(lambda: gdn_recurrent_fwd(q, k, v, g, beta, cu, state, out=ob, block_v=bv, num_warps=warps),
+                             warmup=3, rep=20)
+        except Exception as e:
+            pre[key] = f"error: {type(e).__name__}: {str(e)[:200]}"
     out["prefill_8x4096_h32_ms"] = pre
     n = 64
     q, k, v, g, beta = _gdn_inputs(n, h=h, hv=hv, seed=22)
@@ -853,14 +849,13 @@ def sec_gdn_sweep(res, args):
     cu1 = _cu([1] * n)
     od = torch.empty(n, hv, dv, device=DEV, dtype=torch.bfloat16)
     dec = {}
-    for var in ("v1", "v2"):
-        for bv, warps in [(16, 1), (32, 1), (64, 1), (32, 2), (64, 2), (64, 4), (128, 4), (128, 8)]:
-            key = f"{var}_BV{bv}_w{warps}"
-            try:
-                dec[key] = bench(lambda: gdn_recurrent_fwd(q, k, v, g, beta, cu1, cache, slots, out=od, block_v=bv,
-                                                           num_warps=warps, variant=var), warmup=20, rep=100)
-            except Exception as e:
-                dec[key] = f"error: {type(e).__name__}: {str(e)[:200]}"
+    for bv, warps in [(16, 1), (32, 1), (64, 1), (32, 2), (64, 2), (64, 4), (128, 4), (128, 8)]:
+        key = f"BV{bv}_w{warps}"
+        try:
+            dec[key] = bench(lambda: gdn_recurrent_fwd(q, k, v, g, beta, cu1, cache, slots, out=od, block_v=bv,
+                                                       num_warps=warps), warmup=20, rep=100)
+        except Exception as e:
+            dec[key] = f"error: {type(e).__name__}: {str(e)[:200]}"
     dst = torch.empty_like(cache)
     out["decode_64seq_ms"] = dec
     out["decode_state_floor_ms"] = bench(lambda: dst.copy_(cache), warmup=20, rep=100)
