@@ -122,3 +122,31 @@ def test_hit_on_a_sequence_reset_by_a_recompute_swap_does_not_leak(micro_model):
     n = len(t2.all_tokens)
     assert torch.equal(lp[n - 3 : n - 1], t2.logprob_tensor)
     assert_no_leak(eng)
+
+
+def test_snapshots_hold_only_what_a_boundary_reads(micro_model):
+    """A prefix snapshot is taken at a 64-token boundary, where bi_chunk's open chunk is empty: it holds the
+    conv and fp32 ssm state only (not the open-chunk rows, which on the GPU are 100s of KB per slot and head),
+    and the CUDA open-chunk rows are allocated on first use, fp32, outside snapshots."""
+    from zeromismatch.generator.cache import SNAPSHOT_KEYS, BatchCacheView, CacheStorage
+
+    model = micro_model("bi_chunk")
+    st = CacheStorage(model.config, max_slots=3, num_blocks=4)
+    layer = next(iter(st.gdn))
+    assert "ck" not in st.gdn[layer]
+    view = BatchCacheView(st, [2, 0], [[0], [1]])
+    tensors, slots = view.gdn_inplace(layer, open_chunk=True)
+    assert slots.tolist() == [2, 0] and tensors is st.gdn[layer]
+    hv, dk, dv = st.gdn[layer]["ssm"].shape[1:]
+    shapes = {n: tuple(tensors[n].shape) for n in ("ck", "cv", "cg", "cb", "ct", "cu")}
+    assert shapes == {"ck": (3, hv, 64, dk), "cv": (3, hv, 64, dv), "cg": (3, hv, 64), "cb": (3, hv, 64),
+                      "ct": (3, hv, 64, 64), "cu": (3, hv, 64, dv)}
+    assert all(tensors[n].dtype == torch.float32 for n in shapes)
+    tensors["ssm"][1].fill_(0.5)
+    tensors["ck"][1].fill_(0.25)
+    snap = st.snapshot(1)
+    assert set(snap[layer]) == set(SNAPSHOT_KEYS) == {"conv", "ssm"}
+    st.reset_slot(1)
+    assert float(tensors["ck"][1].abs().sum()) == 0.0
+    st.restore(1, snap)
+    assert bool((tensors["ssm"][1] == 0.5).all())

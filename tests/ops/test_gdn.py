@@ -101,3 +101,29 @@ def test_recurrent_rows_independent():
     o, s = recurrent_fwd(qq, kk, vv, gg, bb, s0)
     o1, s1 = recurrent_fwd(qq[2:3], kk[2:3], vv[2:3], gg[2:3], bb[2:3], s0[2:3])
     assert torch.equal(o[2:3], o1) and torch.equal(s[2:3], s1)
+
+
+def test_chunk_final_states_takes_the_chunked_form_given():
+    """chunk_final_states(fwd=...) (stock's generator passes torch's form on the GPU): the same states as the
+    default on CPU, where both are chunk_fwd_torch; a wrong fwd is really called."""
+    from zeromismatch.ops.gdn.reference import chunk_final_states, chunk_fwd, chunk_fwd_torch, to_chunks
+
+    torch.manual_seed(3)
+    b, h, t, d = 2, 2, 100, 16
+    q = torch.nn.functional.normalize(torch.randn(b, h, t, d), dim=-1) * d**-0.5
+    k = torch.nn.functional.normalize(torch.randn(b, h, t, d), dim=-1)
+    v, g, beta = torch.randn(b, h, t, d), -torch.rand(b, h, t) * 0.3, torch.rand(b, h, t)
+    padded = to_chunks(q, k, v, g, beta)
+    _, states = chunk_fwd(*padded, torch.zeros(b, h, d, d))
+    lengths = torch.tensor([100, 37])
+    a = chunk_final_states(*padded, states, lengths)
+    bb = chunk_final_states(*padded, states, lengths, fwd=chunk_fwd_torch)
+    assert torch.equal(a, bb)
+    calls = []
+
+    def spy(*xs):
+        calls.append(1)
+        return chunk_fwd_torch(*xs)
+
+    chunk_final_states(*padded, states, lengths, fwd=spy)
+    assert len(calls) == 2  # both rows end inside a chunk
