@@ -21,6 +21,7 @@ from tqdm import tqdm
 from ..generator import Engine, SamplingParams
 from ..logging import MetricsLogger
 from ..rl.controller import RolloutWorker, run_async, run_lockstep
+from ..rl.disaggregated import make_groups, run_trainer, serve_generator
 from ..rl.losses import loss_config
 from ..rl.offpolicy import RunAheadBuffer
 from ..trainer.trainer import Trainer
@@ -54,10 +55,15 @@ def initial_model(cfg):
     return load_model(cfg)
 
 
-def main(cfg) -> dict:
+def main(cfg, role: str | None = None) -> dict:
+    """role: None = one process (generator thread + trainer, or lockstep); "trainer" / "generator" = one side of
+    a disaggregated run (rl.disaggregated=true spawns both, rl/disaggregated.py)."""
     rl, tr, gen = cfg.rl, cfg.trainer, cfg.generator
     if not gen.get("implemented", True) or gen.backend != "embedded":
         raise NotImplementedError(f"generator backend {gen.backend!r} is not implemented yet; use generator=embedded")
+    if role is None and rl.get("disaggregated", False):
+        return _spawn_disaggregated(cfg)
+    groups = make_groups() if role is not None else None
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     model = initial_model(cfg)  # may run the (cached) SFT warm start with all threads
@@ -107,6 +113,9 @@ def main(cfg) -> dict:
     params = SamplingParams(temperature=float(rl.temperature), max_new_tokens=int(rl.max_new_tokens), stop_token_ids=stop)
     worker = RolloutWorker(engine, task, buffer, int(rl.samples_per_prompt), params, seed=int(cfg.seed),
                            swap_policy=rl.swap_policy, prompts_consumed=ckpt["prompts_consumed"] if ckpt else 0)
+    if role == "generator":
+        serve_generator(worker, trainer_rank=0, groups=groups)
+        return {}
     if ckpt:
         torch.set_rng_state(ckpt["torch_rng"])
         random.setstate(ckpt["py_rng"])
@@ -117,13 +126,13 @@ def main(cfg) -> dict:
     bar = tqdm(total=int(rl.steps), initial=start, desc=f"rl {cfg.numerics.name} op{rl.offpolicy}", unit="step")
     history: list[dict] = []
 
-    def on_step(step, batch, waited):
+    def on_step(step, batch, waited, gen_stats=None):
         t0 = time.perf_counter()
         m = trainer.train_step(batch)
         train_s = time.perf_counter() - t0
         m["perf/trainer/tokens_per_second_full_step"] = m.get("train_batch/response_tokens", 0.0) / max(waited + train_s, 1e-9)
         m["perf/trainer/wait_seconds"] = waited
-        m["perf/generator/tokens_per_second"] = engine.throughput()["generated_tokens_per_s"]
+        m["perf/generator/tokens_per_second"] = (gen_stats or engine.throughput())["generated_tokens_per_s"]
         m["train/version"] = trainer.version
         if eval_every and ((step + 1) % eval_every == 0 or step + 1 == int(rl.steps)):
             m.update(_evaluate(trainer.model, task, cfg))
@@ -139,7 +148,9 @@ def main(cfg) -> dict:
     if eval_every and start == 0:
         logger.log(_evaluate(trainer.model, task, cfg), step=0)
     t_run = time.perf_counter()
-    if rl.deterministic:
+    if role == "trainer":
+        run_trainer(trainer, start, int(rl.steps), on_step, generator_rank=1, groups=groups)
+    elif rl.deterministic:
         run_lockstep(worker, trainer, start, int(rl.steps), on_step, after_step)
     else:
         run_async(worker, trainer, start, int(rl.steps), on_step, after_step)
@@ -150,6 +161,45 @@ def main(cfg) -> dict:
     for k, v in summary.items():
         print(f"{k}: {v}")
     return {"history": history, "summary": summary, "run_dir": str(logger.run_dir)}
+
+
+def _spawn_disaggregated(cfg) -> dict:
+    """Two processes on this machine over gloo: rank 0 trains, rank 1 generates. Returns the trainer's result."""
+    import os
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+    from omegaconf import OmegaConf
+
+    if int(cfg.rl.get("checkpoint_every", 0) or 0) or cfg.job.get("resume"):
+        raise ValueError("rl.disaggregated=true does not checkpoint yet (the run-ahead buffer lives in the generator "
+                         "process): set rl.checkpoint_every=0 and leave job.resume unset")
+    if cfg.rl.deterministic:
+        raise ValueError("rl.disaggregated=true is asynchronous: set rl.deterministic=false")
+    initial_model(cfg)  # the cached SFT warm start is built once, here, before both processes load it
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = os.path.join(tempfile.mkdtemp(prefix="zm_disagg_"), "result.pt")
+    mp.spawn(_disaggregated_process, args=(OmegaConf.to_container(cfg, resolve=True), port, out), nprocs=2, join=True)
+    return torch.load(out, weights_only=False)
+
+
+def _disaggregated_process(rank: int, cfg_dict: dict, port: int, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        res = main(OmegaConf.create(cfg_dict), role="trainer" if rank == 0 else "generator")
+        if rank == 0:
+            torch.save(res, out)
+    finally:
+        dist.destroy_process_group()
 
 
 def save(path: Path, step: int, trainer, buffer, worker) -> None:
