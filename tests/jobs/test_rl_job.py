@@ -86,6 +86,17 @@ def test_disaggregated_two_processes(tmp_path):
     assert [r["step"] for r in rows] == list(range(10))
 
 
-def test_disaggregated_refuses_checkpoints(tmp_path):
-    with pytest.raises(ValueError, match="checkpoint_every=0"):
-        rl_job.main(cfg_for(tmp_path, "dis2", "numerics=bi", "rl.disaggregated=true", "rl.checkpoint_every=5"))
+def test_disaggregated_checkpoint_and_resume(tmp_path):
+    """The trainer checkpoints with the generator's buffer and data position (fetched at the step boundary);
+    a resumed disaggregated run continues from that step and version, within the age bound."""
+    first = rl_job.main(cfg_for(tmp_path, "dck", "numerics=bi", "rl.steps=4", "rl.deterministic=false",
+                                "rl.disaggregated=true", "rl.checkpoint_every=2"))
+    ckpt = Path(first["run_dir"]) / "checkpoint.pt"
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["step"] == 4 and saved["prompts_consumed"] >= 4 * 4  # P=4 prompts a step, and run-ahead
+    out = rl_job.main(cfg_for(tmp_path, "dck2", "numerics=bi", "rl.steps=7", "rl.deterministic=false",
+                              "rl.disaggregated=true", "rl.checkpoint_every=0", f"job.resume={ckpt}"))
+    hist = out["history"]
+    assert [h["step"] for h in hist] == [4, 5, 6]
+    assert [h["train/version"] for h in hist] == [5, 6, 7]
+    assert max(h["train_batch/policy_age_max"] for h in hist) <= 4

@@ -141,15 +141,25 @@ def main(cfg, role: str | None = None) -> dict:
         bar.update(1)
         bar.set_postfix(reward=f"{m['rollout_reward/avg_train_reward/mean']:.2f}", diff=f"{m.get('bit_wise/logprob_diff/abs_mean', float('nan')):.1e}")
 
+    def due(step):
+        return ckpt_every and ((step + 1) % ckpt_every == 0 or step + 1 == int(rl.steps))
+
     def after_step(step):
-        if ckpt_every and ((step + 1) % ckpt_every == 0 or step + 1 == int(rl.steps)):
-            save(logger.run_dir / "checkpoint.pt", step + 1, trainer, buffer, worker)
+        if due(step):
+            with worker.lock:
+                save(logger.run_dir / "checkpoint.pt", step + 1, trainer, buffer, worker.prompts_consumed)
+
+    def after_step_disaggregated(step, generator_state):
+        if due(step):
+            state = generator_state()
+            save(logger.run_dir / "checkpoint.pt", step + 1, trainer, state["buffer"], state["prompts_consumed"])
 
     if eval_every and start == 0:
         logger.log(_evaluate(trainer.model, task, cfg), step=0)
     t_run = time.perf_counter()
     if role == "trainer":
-        run_trainer(trainer, start, int(rl.steps), on_step, generator_rank=1, groups=groups)
+        run_trainer(trainer, start, int(rl.steps), on_step, generator_rank=1, groups=groups,
+                    after_step=after_step_disaggregated)
     elif rl.deterministic:
         run_lockstep(worker, trainer, start, int(rl.steps), on_step, after_step)
     else:
@@ -172,9 +182,6 @@ def _spawn_disaggregated(cfg) -> dict:
     import torch.multiprocessing as mp
     from omegaconf import OmegaConf
 
-    if int(cfg.rl.get("checkpoint_every", 0) or 0) or cfg.job.get("resume"):
-        raise ValueError("rl.disaggregated=true does not checkpoint yet (the run-ahead buffer lives in the generator "
-                         "process): set rl.checkpoint_every=0 and leave job.resume unset")
     if cfg.rl.deterministic:
         raise ValueError("rl.disaggregated=true is asynchronous: set rl.deterministic=false")
     initial_model(cfg)  # the cached SFT warm start is built once, here, before both processes load it
@@ -202,21 +209,20 @@ def _disaggregated_process(rank: int, cfg_dict: dict, port: int, out: str) -> No
         dist.destroy_process_group()
 
 
-def save(path: Path, step: int, trainer, buffer, worker) -> None:
+def save(path: Path, step: int, trainer, buffer, prompts_consumed: int) -> None:
     """Step-boundary checkpoint: model + optimizer + weight history, controller buffer, data position, RNG."""
     tmp = path.with_suffix(".tmp")
-    with worker.lock:
-        torch.save(
-            {
-                "step": step,
-                "trainer": trainer.state_dict(),
-                "buffer": buffer,
-                "prompts_consumed": worker.prompts_consumed,
-                "torch_rng": torch.get_rng_state(),
-                "py_rng": random.getstate(),
-            },
-            tmp,
-        )
+    torch.save(
+        {
+            "step": step,
+            "trainer": trainer.state_dict(),
+            "buffer": buffer,
+            "prompts_consumed": prompts_consumed,
+            "torch_rng": torch.get_rng_state(),
+            "py_rng": random.getstate(),
+        },
+        tmp,
+    )
     tmp.replace(path)
 
 

@@ -4,8 +4,11 @@ control messages). The offpolicy-N semantics are run_async's: the RunAheadBuffer
 (admission stamps, drops at consumption, slot release once the weights of the step that trained on them
 arrive), the trainer asks for the batch of step s, trains, and sends its weights with the next request.
 
-    trainer -> generator (group A): ("next", s, version, weights | None) | ("stop",)
-    generator -> trainer (group B): ("batch", s, Batch, generator stats)
+    trainer -> generator (group A): ("next", s, version, weights | None) | ("state",) | ("stop",)
+    generator -> trainer (group B): ("batch", s, Batch, generator stats) | ("state", {buffer, prompts_consumed})
+
+("state",) is sent at a step boundary, before the next request, for a checkpoint: the generator answers with
+its run-ahead buffer and data position (in-flight rollouts are dropped on resume, as in run_async).
 
 One group per direction: the generator receives on a thread of its own (blocking recvs; gloo's irecv cannot
 be polled) while its main loop steps the engine and sends batches.
@@ -64,9 +67,12 @@ def serve_generator(worker: RolloutWorker, trainer_rank: int, groups, poll_s: fl
             msg = inbox.get_nowait()
         except queue.Empty:
             msg = None
-        if msg is not None:
-            if msg[0] == "stop":
-                return
+        if msg is not None and msg[0] == "stop":
+            return
+        if msg is not None and msg[0] == "state":  # buffer and position are only touched by this thread
+            send_obj(("state", {"buffer": worker.buffer, "prompts_consumed": worker.prompts_consumed}),
+                     trainer_rank, to_trainer)
+        elif msg is not None:
             _, step, version, weights = msg
             if weights is not None:
                 worker.apply_weights(version, weights)
@@ -85,10 +91,18 @@ def serve_generator(worker: RolloutWorker, trainer_rank: int, groups, poll_s: fl
                 want = None
 
 
-def run_trainer(trainer, start: int, steps: int, on_step, generator_rank: int, groups) -> None:
+def run_trainer(trainer, start: int, steps: int, on_step, generator_rank: int, groups, after_step=None) -> None:
     """Trainer process: request the batch of each step, train (on_step(step, batch, waited, stats)), send the
-    new weights with the next request; stop the generator at the end."""
+    new weights with the next request; stop the generator at the end. after_step(step, generator_state) runs
+    at each step boundary; generator_state() fetches the generator's buffer and data position."""
     to_gen, to_trainer = groups
+
+    def generator_state() -> dict:
+        send_obj(("state",), generator_rank, to_gen)
+        kind, state = recv_obj(generator_rank, to_trainer)
+        assert kind == "state", kind
+        return state
+
     send_obj(("next", start, None, None), generator_rank, to_gen)
     try:
         for step in range(start, steps):
@@ -96,6 +110,8 @@ def run_trainer(trainer, start: int, steps: int, on_step, generator_rank: int, g
             kind, s, batch, stats = recv_obj(generator_rank, to_trainer)
             assert kind == "batch" and s == step, (kind, s, step)
             on_step(step, batch, time.perf_counter() - t0, stats)
+            if after_step is not None:
+                after_step(step, generator_state)
             if step + 1 < steps:
                 weights = {k: v.detach().cpu() for k, v in trainer.weights().items()}
                 send_obj(("next", step + 1, trainer.version, weights), generator_rank, to_gen)
