@@ -25,7 +25,8 @@ from ..rl.disaggregated import make_groups, run_trainer, serve_generator
 from ..rl.losses import loss_config
 from ..rl.offpolicy import RunAheadBuffer
 from ..trainer.trainer import Trainer
-from .common import load_model, torch_dtype
+from .common import build_task as build_tokenized_task
+from .common import get_tokenizer, load_model, torch_dtype
 
 
 def build_task(cfg, vocab_size: int):
@@ -37,8 +38,6 @@ def build_task(cfg, vocab_size: int):
         from ..tasks.toy import ToyTask
 
         return ToyTask(vocab_size, seed=cfg.seed), None
-    from .common import build_task as build_tokenized_task, get_tokenizer
-
     tok = get_tokenizer(cfg)
     return build_tokenized_task(cfg, tok), tok
 

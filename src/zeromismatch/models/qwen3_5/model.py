@@ -190,15 +190,12 @@ class GatedDeltaNet(nn.Module):
         new = torch.cat([mixed, g, beta], dim=-1)  # one gather for all per-token inputs
         buf = torch.cat([cache["buf_qkv"], cache["buf_g"], cache["buf_beta"]], dim=-1).to(new.dtype)
         src = torch.cat([buf, lay.to_padded(new), new.new_zeros(b, 1, new.shape[-1])], dim=1)
-        j = torch.arange(width, device=new.device)[None, :]
-        idx = torch.where(j < r[:, None], j, CHUNK + j - r[:, None])
-        idx = torch.where(j < (r + n)[:, None], idx, src.shape[1] - 1)
+        idx = _open_chunk_index(r, n, width, zero_row=src.shape[1] - 1)
         seq = src.gather(1, idx.unsqueeze(-1).expand(b, width, src.shape[-1]))  # [B, width, C+2HV]
         c = self.conv_dim
         q, k, v, gg, bb = self._prep(seq[..., :c], seq[..., c : c + self.hv], seq[..., c + self.hv :])
         o, states = chunk_fwd(q, k, v, gg, bb, cache["ssm"].float())
-        # outputs of the new tokens: rows r .. r+n-1
-        out_idx = (r[:, None] + torch.arange(lay.valid.shape[1], device=new.device)[None, :]).clamp(max=width - 1)
+        out_idx = _new_rows_index(r, lay.valid.shape[1], width)
         o = o.transpose(1, 2).gather(1, out_idx[..., None, None].expand(-1, -1, self.hv, self.dv))
         # new boundary state and open chunk
         full = (r + n) // CHUNK
@@ -214,7 +211,6 @@ class GatedDeltaNet(nn.Module):
             "buf_g": open_chunk[..., c : c + self.hv],
             "buf_beta": open_chunk[..., c + self.hv :],
         }
-
 
     def _aligned_chunk_gpu(self, mixed, g, beta, lay: SeqLayout, view):
         """bi_chunk on the GPU. The cache holds the boundary state and the open chunk's rows as the chunked
@@ -234,9 +230,7 @@ class GatedDeltaNet(nn.Module):
         b, hv, width_new = q.shape[0], q.shape[1], q.shape[2]
         n = lay.lengths
         width = (int((r + n).max()) // CHUNK + 1) * CHUNK  # one chunk past the last token: the new open chunk
-        j = torch.arange(width, device=q.device)[None, :]
-        idx = torch.where(j < r[:, None], j, CHUNK + j - r[:, None])
-        idx = torch.where(j < (r + n)[:, None], idx, CHUNK + width_new)  # past the end: the zero row
+        idx = _open_chunk_index(r, n, width, zero_row=CHUNK + width_new)
 
         def place(cached, new):  # [B, HV, C, ...] rows of the open chunk + [B, HV, L, ...] new -> [B, HV, width, ...]
             zero = new.new_zeros(new.shape[:2] + (1,) + new.shape[3:])
@@ -251,7 +245,7 @@ class GatedDeltaNet(nn.Module):
         gs, bs = place(cached["cg"], gg), place(cached["cb"], bb)
         qs = place(torch.zeros_like(cached["ck"]), q)  # earlier rows' outputs are not recomputed: q = 0 there
         o, states, tm, u = chunk_fwd_rows(qs, ks, vs, gs, bs, store["ssm"][slots], return_rows=True)
-        out_idx = (r[:, None] + torch.arange(width_new, device=q.device)[None, :]).clamp(max=width - 1)
+        out_idx = _new_rows_index(r, width_new, width)
         o = o.gather(2, out_idx[:, None, :, None].expand(b, hv, width_new, o.shape[-1]))
         full = (r + n) // CHUNK  # index of the new open chunk
         ar = torch.arange(b, device=q.device)
@@ -264,6 +258,19 @@ class GatedDeltaNet(nn.Module):
             "ck": chunk_rows(ks), "cv": chunk_rows(vs), "cg": chunk_rows(gs), "cb": chunk_rows(bs),
             "ct": tm[ar, :, full], "cu": chunk_rows(u),
         }
+
+
+def _open_chunk_index(r: torch.Tensor, n: torch.Tensor, width: int, zero_row: int) -> torch.Tensor:
+    """[B, width] index into [open chunk's rows (CHUNK), the call's new tokens, ..., a zero row] that lays each
+    sequence out from its last chunk boundary: its r cached rows, its n new tokens, then zero_row."""
+    j = torch.arange(width, device=r.device)[None, :]
+    idx = torch.where(j < r[:, None], j, CHUNK + j - r[:, None])
+    return torch.where(j < (r + n)[:, None], idx, zero_row)
+
+
+def _new_rows_index(r: torch.Tensor, num_new: int, width: int) -> torch.Tensor:
+    """[B, num_new] rows r .. r + num_new - 1 of that layout (the new tokens' outputs; clamped past the end)."""
+    return (r[:, None] + torch.arange(num_new, device=r.device)[None, :]).clamp(max=width - 1)
 
 
 # ------------------------------------------------------------------------------------- attention
