@@ -42,10 +42,14 @@ def build_task(cfg, vocab_size: int):
     return build_tokenized_task(cfg, tok), tok
 
 
+def _uses_sft_warm_start(cfg) -> bool:
+    return not cfg.model.get("checkpoint") and cfg.task.name == "math" and cfg.rl.get("sft_warm_start", True)
+
+
 def initial_model(cfg):
     """The SFT warm start for the math task (cached; built on first use) unless a checkpoint is given, else
     jobs.common.load_model (the checkpoint, or a random init)."""
-    if not cfg.model.get("checkpoint") and cfg.task.name == "math" and cfg.rl.get("sft_warm_start", True):
+    if _uses_sft_warm_start(cfg):
         from ..models.qwen3_5.checkpoint import load_checkpoint
         from .sft import ensure_sft_checkpoint
 
@@ -183,7 +187,10 @@ def _spawn_disaggregated(cfg) -> dict:
 
     if cfg.rl.deterministic:
         raise ValueError("rl.disaggregated=true is asynchronous: set rl.deterministic=false")
-    initial_model(cfg)  # the cached SFT warm start is built once, here, before both processes load it
+    if _uses_sft_warm_start(cfg):  # built once, here, before both processes load it from the cache
+        from .sft import ensure_sft_checkpoint
+
+        ensure_sft_checkpoint(cfg)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
