@@ -6,6 +6,7 @@ import torch
 
 from gen_helpers import assert_same_outputs, prompts_of, run_all
 from zeromismatch.generator import Engine, SamplingParams
+from zeromismatch.generator.cache import SNAPSHOT_KEYS, BatchCacheView, CacheStorage
 from zeromismatch.jobs.parity import generate
 from zeromismatch.trainer.scoring import next_token_logprobs
 
@@ -128,8 +129,6 @@ def test_snapshots_hold_only_what_a_boundary_reads(micro_model):
     """A prefix snapshot is taken at a 64-token boundary, where bi_chunk's open chunk is empty: it holds the
     conv and fp32 ssm state only (not the open-chunk rows, which on the GPU are 100s of KB per slot and head),
     and the CUDA open-chunk rows are allocated on first use, fp32, outside snapshots."""
-    from zeromismatch.generator.cache import SNAPSHOT_KEYS, BatchCacheView, CacheStorage
-
     model = micro_model("bi_chunk")
     st = CacheStorage(model.config, max_slots=3, num_blocks=4)
     layer = next(iter(st.gdn))

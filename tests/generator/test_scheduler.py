@@ -85,6 +85,16 @@ def test_prefill_stops_at_the_last_boundary_before_the_end(n_tokens, pieces):
     assert got == pieces
 
 
+def test_a_piece_samples_only_when_it_reaches_the_last_known_token():
+    s = FakeSeq("p", 200)
+    (first,) = schedule([s], 10_000, 4)  # 192 tokens: stops at the last boundary, samples nothing
+    s.num_computed += first.n_tokens
+    assert not first.samples  # fixed when scheduled, not moved by the sequence's progress
+    (rest,) = schedule([s], 10_000, 4)
+    assert rest.n_tokens == 8 and rest.samples
+    assert schedule([decode("d")], 10, 4)[0].samples
+
+
 def test_max_seqs_caps_the_rows():
     seqs = [FakeSeq(f"p{i}", 10) for i in range(5)]
     assert plan(schedule(seqs, 1000, 3)) == [("p0", 10), ("p1", 10), ("p2", 10)]

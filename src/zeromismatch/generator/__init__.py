@@ -1,16 +1,23 @@
 """The embedded generator engine (default backend): continuous batching over the one model definition.
 
 Roles, each behind a narrow interface (vLLM v1 style):
-- cache.py         CacheStorage: per-slot fp32 GDN state + paged KV blocks; BatchCacheView hands a batch's
-                   slice to the model (models.layout.CacheView)
-- prefix_cache.py  block-hash prefix cache: shared KV blocks + GDN state snapshots at 64-token boundaries
-- scheduler.py     which sequences run this step and how many tokens each (decode first, prefill chunks
-                   aligned to block boundaries)
-- sampling.py      temperature / top-k / top-p with per-request seeds; raw logprobs via ops.logprob
-- engine.py        the loop: schedule -> one model forward -> sample -> bookkeeping; weight hot-swap
+- engine.py            Engine: requests (add, continue a parked turn, release), weight hot-swap, and
+                       step(): admit -> schedule -> execute -> sample -> retire
+- scheduler.py         which sequences run this step and how many tokens each (decode first, prefill chunks
+                       aligned to block boundaries)
+- kv_cache_manager.py  slots, ref-counted KV blocks and the prefix cache: admit / release, block allocation,
+                       prefix lookup (restores GDN snapshots into the slot) and insertion
+- model_runner.py      builds one varlen batch from the scheduled work and runs the model forward:
+                       execute(work) -> logits of the rows that sample; load_weights(state_dict)
+- cache.py             CacheStorage: per-slot fp32 GDN state + paged KV blocks; BatchCacheView hands a batch's
+                       slice to the model (models.layout.CacheView)
+- prefix_cache.py      block-hash prefix cache: shared KV blocks + GDN state snapshots at 64-token boundaries
+- sampling.py          temperature / top-k / top-p with per-request seeds; raw logprobs via ops.logprob
+- sequence.py          Sequence (a request inside the engine) and GenerationOutput
 """
 
-from .engine import Engine, GenerationOutput
+from .engine import Engine
 from .sampling import SamplingParams
+from .sequence import GenerationOutput
 
 __all__ = ["Engine", "GenerationOutput", "SamplingParams"]

@@ -74,32 +74,6 @@ class CacheStorage:
         return sum(t.numel() * t.element_size() for t in ts)
 
 
-class BlockAllocator:
-    """Free list with reference counts (a block shared by the prefix cache and several sequences)."""
-
-    def __init__(self, num_blocks: int):
-        self.free = list(range(num_blocks - 1, -1, -1))
-        self.ref = [0] * num_blocks
-
-    def num_free(self) -> int:
-        return len(self.free)
-
-    def allocate(self) -> int:
-        if not self.free:
-            raise RuntimeError("out of KV blocks")
-        b = self.free.pop()
-        self.ref[b] = 1
-        return b
-
-    def incref(self, b: int) -> None:
-        self.ref[b] += 1
-
-    def decref(self, b: int) -> None:
-        self.ref[b] -= 1
-        if self.ref[b] == 0:
-            self.free.append(b)
-
-
 class _Gather(dict):
     """Gathers a state tensor for the batch's slots on first access (modes read only what they use)."""
 

@@ -6,8 +6,10 @@
         for out in engine.step():        # one forward over decode tokens + prefill pieces
             ...                          # out.tokens, out.logprobs (raw, fp32), out.versions
 
-Each step: admit waiting requests into free slots (prefix-cache lookup), schedule, run ONE forward with a
-BatchCacheView, sample the sequences whose known tokens are now all computed, retire finished ones.
+The Engine keeps the requests (waiting, running, parked between turns) and the weight version; each step it
+admits waiting requests into free slots, schedules (scheduler.py), executes one forward (model_runner.py),
+samples the sequences whose known tokens are now all computed, and retires finished ones. Slots, KV blocks
+and the prefix cache belong to kv_cache_manager.py.
 """
 
 from __future__ import annotations
@@ -15,55 +17,16 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
-from .cache import BLOCK_SIZE, BatchCacheView, BlockAllocator, CacheStorage
-from .prefix_cache import PrefixCache, block_hashes
+from .cache import BLOCK_SIZE, CacheStorage
+from .kv_cache_manager import BlockAllocator, KVCacheManager
+from .model_runner import ModelRunner
+from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, sample
 from .scheduler import schedule
-
-
-@dataclass
-class GenerationOutput:
-    request_id: int
-    prompt_ids: list[int]
-    tokens: list[int]  # generated tokens of all turns (appended tool tokens are not included)
-    logprobs: list[float]  # raw generator logprob of each generated token (fp32 values)
-    versions: list[int]  # weight version that sampled each generated token
-    admission_version: int  # weight version when the current turn was admitted
-    finish_reason: str  # "stop" | "length"
-    all_tokens: list[int] = field(default_factory=list)  # prompt + every turn, as the trainer will see it
-    logprob_tensor: torch.Tensor | None = None  # fp32 logprobs of this turn's generated tokens, bit-exact
-
-
-@dataclass(eq=False)
-class Sequence:
-    request_id: int
-    prompt_ids: list[int]
-    params: SamplingParams
-    gen: torch.Generator
-    admission_version: int
-    tokens: list[int] = field(default_factory=list)
-    num_computed: int = 0
-    slot: int = -1
-    block_table: list[int] = field(default_factory=list)
-    generated: list[int] = field(default_factory=list)
-    logprobs: list[torch.Tensor] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    turn_start: int = 0  # index into `generated` where the current turn starts
-    looked_up: bool = False
-    finish_reason: str | None = None
-    stale_cache: bool = False  # cache kept across a 'keep' swap: mixes weight versions, never shared
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def num_uncomputed(self) -> int:
-        return len(self.tokens) - self.num_computed
+from .sequence import GenerationOutput, Sequence
 
 
 class Engine:
@@ -87,12 +50,12 @@ class Engine:
         self.max_batched_tokens = max_batched_tokens
         blocks_per_seq = (max_model_len + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.num_blocks = num_blocks or max_slots * blocks_per_seq + 64
+        # the one CacheStorage, shared by the cache manager (slots, blocks, snapshots) and the model runner
         self.storage = CacheStorage(model.config, max_slots, self.num_blocks, self.device, dtype)
-        self.alloc = BlockAllocator(self.num_blocks)
-        self.prefix = PrefixCache(self.alloc, max_entries=self.num_blocks // 2) if prefix_caching else None
+        self.kv = KVCacheManager(self.storage, max_slots, self.num_blocks, prefix_caching)
+        self.runner = ModelRunner(model, self.storage, self.device)
         self.swap_policy = swap_policy
         self.version = 0
-        self.free_slots = list(range(max_slots - 1, -1, -1))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.parked: dict[int, Sequence] = {}  # finished with keep_cache: slot kept for a next turn
@@ -101,6 +64,19 @@ class Engine:
         # audit hook: tap(name, activation [N, ...], layout, request_ids) for every forward (jobs/parity.py)
         self.tap = None
         self.stats = {"steps": 0, "forward_s": 0.0, "tokens_computed": 0, "tokens_generated": 0, "prefix_hit_tokens": 0}
+
+    # the cache manager's state, for inspection (tests check slots, blocks and prefix entries)
+    @property
+    def free_slots(self) -> list[int]:
+        return self.kv.free_slots
+
+    @property
+    def alloc(self) -> BlockAllocator:
+        return self.kv.alloc
+
+    @property
+    def prefix(self) -> PrefixCache | None:
+        return self.kv.prefix
 
     # ------------------------------------------------------------------------------------- requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None, request_id: int | None = None) -> int:
@@ -148,7 +124,7 @@ class Engine:
         """Free a parked sequence's slot and blocks."""
         if request_id not in self.parked:
             raise KeyError(f"request {request_id} is not parked (finished without keep_cache, or unknown)")
-        self._free(self.parked.pop(request_id))
+        self.kv.release(self.parked.pop(request_id))
         self._live.discard(request_id)
 
     def has_work(self) -> bool:
@@ -156,46 +132,29 @@ class Engine:
 
     # ---------------------------------------------------------------------------------------- step
     def step(self) -> list[GenerationOutput]:
+        """admit -> schedule -> execute -> sample -> retire; returns the requests this step finished."""
         self._admit()
-        work = schedule(self._schedulable(), self.max_batched_tokens, self.max_slots)
+        ready, hit_tokens = self.kv.lookup_prefixes(self.running)
+        self.stats["prefix_hit_tokens"] += hit_tokens
+        work = schedule(ready, self.max_batched_tokens, self.max_slots)
         if not work:
             if self.running:
                 raise RuntimeError("no sequence can make progress: raise num_blocks or max_batched_tokens")
             return []
         for w in work:
-            self._ensure_blocks(w.seq, w.seq.num_computed + w.n_tokens)
-        ids, cu, start, rows, to_sample = [], [0], [], [], []
-        for w in work:
-            s = w.seq
-            ids.extend(s.tokens[s.num_computed : s.num_computed + w.n_tokens])
-            cu.append(cu[-1] + w.n_tokens)
-            start.append(s.num_computed)
-            if s.num_computed + w.n_tokens == s.num_tokens:
-                rows.append(cu[-1] - 1)
-                to_sample.append(s)
-        view = BatchCacheView(self.storage, [w.seq.slot for w in work], [w.seq.block_table for w in work], self.device)
-        tap = None
-        if self.tap is not None:
-            rids = [w.seq.request_id for w in work]
-            tap = lambda name, x, lay: self.tap(name, x, lay, rids)
+            self.kv.allocate_blocks(w.seq, w.seq.num_computed + w.n_tokens)
         t0 = time.perf_counter()
-        with torch.no_grad():
-            logits = self.model(
-                torch.tensor(ids, device=self.device),
-                cu,
-                start_pos=torch.tensor(start, device=self.device),
-                cache=view,
-                logits_rows=torch.tensor(rows, device=self.device, dtype=torch.long),
-                tap=tap,
-            )
-            tokens, logprobs = sample(logits, [s.params for s in to_sample], [s.gen for s in to_sample])
+        logits = self.runner.execute(work, self.tap)
+        to_sample = [w.seq for w in work if w.samples]
+        tokens, logprobs = sample(logits, [s.params for s in to_sample], [s.gen for s in to_sample])
         self.stats["forward_s"] += time.perf_counter() - t0
         self.stats["steps"] += 1
-        self.stats["tokens_computed"] += len(ids)
+        self.stats["tokens_computed"] += sum(w.n_tokens for w in work)
         for w in work:
             w.seq.num_computed += w.n_tokens
-            self._maybe_cache_prefix(w.seq)
-        return self._append_samples(to_sample, tokens.tolist(), logprobs)
+            self.kv.cache_prefix(w.seq)
+        finished = self._append_samples(to_sample, tokens.tolist(), logprobs)
+        return [self._retire(s) for s in finished]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationOutput]:
         """Run requests to completion; outputs in request order."""
@@ -210,7 +169,6 @@ class Engine:
         return [done[i] for i in ids]
 
     # ---------------------------------------------------------------------------------- weights
-    @torch.no_grad()
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None, policy: str | None = None) -> None:
         """Hot-swap weights between steps. policy 'keep': in-flight sequences continue on their caches (a
         sequence can mix versions, as the published runs); 'recompute': their caches are rebuilt under the
@@ -219,24 +177,12 @@ class Engine:
         policy = policy or self.swap_policy
         if policy not in ("keep", "recompute"):
             raise ValueError(f"policy must be 'keep' or 'recompute', got {policy!r}")
-        params = dict(self.model.named_parameters())
-        missing = set(params) - set(state_dict)
-        if missing:
-            raise KeyError(f"update_weights: missing tensors {sorted(missing)[:5]}")
-        # check everything before copying anything: a failed swap must not leave half-new weights
-        bad = sorted(n for n, p in params.items() if tuple(state_dict[n].shape) != tuple(p.shape))
-        if bad:
-            raise ValueError(f"update_weights: shape mismatch for {bad[:5]}")
-        for name, p in params.items():
-            p.copy_(state_dict[name].to(p.dtype))
+        self.runner.load_weights(state_dict)
         self.version = self.version + 1 if version is None else version
-        if self.prefix is not None:
-            self.prefix.clear()
+        self.kv.clear_prefix_cache()
         if policy == "recompute":
             for s in self.running + list(self.parked.values()):
-                self.storage.reset_slot(s.slot)
-                s.num_computed = 0
-                s.stale_cache = False
+                self.kv.reset_computed(s)
         else:  # kept caches hold old-weight tokens: they must not re-enter the (just cleared) prefix cache
             for s in self.running + list(self.parked.values()):
                 if s.num_computed > 0:
@@ -244,53 +190,13 @@ class Engine:
 
     # --------------------------------------------------------------------------------- internals
     def _admit(self) -> None:
-        while self.waiting and self.free_slots:
+        while self.waiting and self.kv.has_free_slot():
             seq = self.waiting.popleft()
-            seq.slot = self.free_slots.pop()
-            self.storage.reset_slot(seq.slot)
+            self.kv.admit(seq)
             self.running.append(seq)
 
-    def _schedulable(self) -> list[Sequence]:
-        """Fresh sequences look up the prefix cache; one of several fresh sequences sharing a first block
-        computes it while the others wait a step, then hit the cache."""
-        out, inflight = [], set()
-        for s in self.running:
-            if s.num_computed == 0 and not s.looked_up and self.prefix is not None and s.num_tokens > BLOCK_SIZE:
-                blocks, snap = self.prefix.lookup(s.tokens)
-                if blocks:
-                    for b in blocks:
-                        self.alloc.incref(b)
-                    for b in s.block_table:  # a parked sequence reset by a 'recompute' swap still holds its blocks
-                        self.alloc.decref(b)
-                    s.block_table = list(blocks)
-                    self.storage.restore(s.slot, snap)
-                    s.num_computed = len(blocks) * BLOCK_SIZE
-                    self.stats["prefix_hit_tokens"] += s.num_computed
-                    s.looked_up = True
-                else:
-                    h = block_hashes(s.tokens, 1)[0]
-                    if h in inflight:
-                        continue
-                    inflight.add(h)
-            out.append(s)
-        return out
-
-    def _ensure_blocks(self, s: Sequence, n_tokens: int) -> None:
-        need = (n_tokens + BLOCK_SIZE - 1) // BLOCK_SIZE - len(s.block_table)
-        if need > 0 and self.prefix is not None:
-            self.prefix.evict_for_space(need)
-        for _ in range(need):
-            s.block_table.append(self.alloc.allocate())
-
-    def _maybe_cache_prefix(self, s: Sequence) -> None:
-        if self.prefix is None or s.num_computed % BLOCK_SIZE or s.num_computed == 0:
-            return
-        s.looked_up = True
-        if s.stale_cache:
-            return
-        self.prefix.insert(s.tokens, s.block_table, s.num_computed // BLOCK_SIZE, lambda: self.storage.snapshot(s.slot))
-
-    def _append_samples(self, seqs: list[Sequence], tokens: list[int], logprobs: torch.Tensor) -> list[GenerationOutput]:
+    def _append_samples(self, seqs: list[Sequence], tokens: list[int], logprobs: torch.Tensor) -> list[Sequence]:
+        """Append each sampled token; returns the sequences this token finished."""
         finished = []
         for i, (s, tok) in enumerate(zip(seqs, tokens)):
             s.tokens.append(tok)
@@ -304,14 +210,18 @@ class Engine:
             elif turn_len >= s.params.max_new_tokens:
                 s.finish_reason = "length"
             if s.finish_reason:
-                self.running.remove(s)
-                if s.params.keep_cache:
-                    self.parked[s.request_id] = s
-                else:
-                    self._free(s)
-                    self._live.discard(s.request_id)
-                finished.append(self._output(s))
+                finished.append(s)
         return finished
+
+    def _retire(self, s: Sequence) -> GenerationOutput:
+        """A finished sequence leaves the running set: parked for a next turn (keep_cache) or released."""
+        self.running.remove(s)
+        if s.params.keep_cache:
+            self.parked[s.request_id] = s
+        else:
+            self.kv.release(s)
+            self._live.discard(s.request_id)
+        return self._output(s)
 
     def _output(self, s: Sequence) -> GenerationOutput:
         lp = torch.cat(s.logprobs[s.turn_start :])
@@ -332,13 +242,6 @@ class Engine:
         vocab = self.model.config.vocab_size
         if ids and (min(ids) < 0 or max(ids) >= vocab):
             raise ValueError(f"{what} has token ids outside [0, {vocab}): min {min(ids)}, max {max(ids)}")
-
-    def _free(self, s: Sequence) -> None:
-        for b in s.block_table:
-            self.alloc.decref(b)
-        s.block_table = []
-        self.free_slots.append(s.slot)
-        s.slot = -1
 
     def throughput(self) -> dict[str, float]:
         f = max(self.stats["forward_s"], 1e-9)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .cache import BLOCK_SIZE, BlockAllocator
+from .cache import BLOCK_SIZE
 
 
 def block_hashes(tokens: list[int], n_blocks: int) -> list[int]:
@@ -27,7 +27,9 @@ class Entry:
 
 
 class PrefixCache:
-    def __init__(self, allocator: BlockAllocator, max_entries: int):
+    """allocator: the KV cache manager's BlockAllocator; an entry holds one reference on its block."""
+
+    def __init__(self, allocator, max_entries: int):
         self.alloc = allocator
         self.max_entries = max_entries
         self.entries: OrderedDict[int, Entry] = OrderedDict()

@@ -7,15 +7,22 @@ the GDN state there: that boundary is the one a group of samples sharing the pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .cache import BLOCK_SIZE
+from .sequence import Sequence
 
 
 @dataclass
 class Work:
-    seq: object  # engine.Sequence
+    seq: Sequence
     n_tokens: int
+    # the piece ends on the last known token: its last row's logits sample the next one (fixed when scheduled,
+    # before the sequence's num_computed moves past the piece)
+    samples: bool = field(init=False)
+
+    def __post_init__(self):
+        self.samples = self.seq.num_computed + self.n_tokens == self.seq.num_tokens
 
 
 def schedule(running: list, max_batched_tokens: int, max_seqs: int) -> list[Work]:

@@ -1,0 +1,50 @@
+"""A request inside the engine (Sequence) and what the engine hands back when one finishes (GenerationOutput)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingParams
+
+
+@dataclass
+class GenerationOutput:
+    request_id: int
+    prompt_ids: list[int]
+    tokens: list[int]  # generated tokens of all turns (appended tool tokens are not included)
+    logprobs: list[float]  # raw generator logprob of each generated token (fp32 values)
+    versions: list[int]  # weight version that sampled each generated token
+    admission_version: int  # weight version when the current turn was admitted
+    finish_reason: str  # "stop" | "length"
+    all_tokens: list[int] = field(default_factory=list)  # prompt + every turn, as the trainer will see it
+    logprob_tensor: torch.Tensor | None = None  # fp32 logprobs of this turn's generated tokens, bit-exact
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    gen: torch.Generator
+    admission_version: int
+    tokens: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    slot: int = -1
+    block_table: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[torch.Tensor] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turn_start: int = 0  # index into `generated` where the current turn starts
+    looked_up: bool = False
+    finish_reason: str | None = None
+    stale_cache: bool = False  # cache kept across a 'keep' swap: mixes weight versions, never shared
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.tokens) - self.num_computed
