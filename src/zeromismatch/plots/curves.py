@@ -10,7 +10,17 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .drawing import arm_color, arm_legend, figure_record, group_paths, new_figure, op_label, save_figure, setting_title, slug
+from .drawing import (
+    arm_color,
+    arm_legend,
+    figure_record,
+    group_paths,
+    new_figure,
+    op_label,
+    save_figure,
+    setting_title,
+    slug,
+)
 from .runs import Run, arms_of, by_setting, check_metric, config_value, group_runs, offpolicies_of
 from .smoothing import ema, mean_series
 

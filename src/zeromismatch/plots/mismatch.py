@@ -15,7 +15,17 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import FuncFormatter, LogFormatterSciNotation, LogLocator
 
-from .drawing import arm_color, arm_legend, figure_record, group_paths, new_figure, op_label, save_figure, setting_title, slug
+from .drawing import (
+    arm_color,
+    arm_legend,
+    figure_record,
+    group_paths,
+    new_figure,
+    op_label,
+    save_figure,
+    setting_title,
+    slug,
+)
 from .runs import Run, arms_of, by_setting, group_runs, offpolicies_of
 from .smoothing import ema, mean_series
 
