@@ -1,4 +1,4 @@
-"""zeromismatch.plots.figures and `job=plot` on synthetic run dirs (config.json + metrics.jsonl, and one
+"""zeromismatch.plots and `job=plot` on synthetic run dirs (config.json + metrics.jsonl, and one
 offline W&B run). The synthetic runs are test data only; no figure written here is a result."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from zeromismatch.logging import MetricsLogger, metric_series  # noqa: E402
-from zeromismatch.plots import figures as figures_mod  # noqa: E402
 from zeromismatch.plots import (  # noqa: E402
     GroupKey,
     PlotError,
@@ -30,7 +29,9 @@ from zeromismatch.plots import (  # noqa: E402
     load_runs,
     written_files,
 )
-from zeromismatch.plots.figures import MISMATCH, PRECISION, REWARD, log_floor  # noqa: E402
+from zeromismatch.plots.curves import REWARD  # noqa: E402
+from zeromismatch.plots.mismatch import MISMATCH, PRECISION, log_floor  # noqa: E402
+from zeromismatch.plots.runs import wandb_cli_ok  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import plot_synth as synth  # noqa: E402
@@ -240,7 +241,7 @@ def test_missing_figure_metric_skipped_or_error(tmp_path):
 
 
 def test_wandb_offline_source(tmp_path, monkeypatch):
-    if not figures_mod._wandb_cli_ok():
+    if not wandb_cli_ok():
         pytest.skip("`wandb leet inspect` is not usable here; the JSONL path is covered by the other tests")
     monkeypatch.setenv("WANDB_SILENT", "true")
     rows = synth.rows("bi", 4, steps=4, eval_every=0)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-# measured on the H200 (results/gpu call 2): BV=32 and one warp is the fastest for both the 8 x 4096-token
+# measured on the H200 (results/gpu/README.md): BV=32 and one warp is the fastest for both the 8 x 4096-token
 # prefill and the 64-sequence decode step; one config for every call (bits depend on it)
 BV = 32
 NUM_WARPS = 1
@@ -33,7 +33,7 @@ NUM_STAGES = 2
 
 # The next token's inputs are prefetched during the current one, and o = (S_dec^T q) + (q.k) delta so that
 # both state reductions read the decayed state side by side (the reference computes o from the updated state:
-# same math, different rounding; 1.45x faster than that order on the H200, session 1 call 2).
+# same math, different rounding; 1.45x faster than that order on the H200: results/gpu/README.md).
 @triton.jit(do_not_specialize=["stride_q", "stride_k", "stride_v", "stride_g", "stride_b", "stride_o"])
 def _gdn_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, state_ptr, idx_ptr, cu_ptr,
                           stride_q, stride_k, stride_v, stride_g, stride_b, stride_o, scale,

@@ -103,7 +103,7 @@ def pick(m: int, n: int, k: int, dtype: torch.dtype, tma_ok: bool, policy: str |
     # adaptive: decode shapes take narrow tiles (more CTAs streaming W), training shapes wide persistent ones
     if not tma_ok:
         return ("s32" if n >= 2048 else "s16") if m <= 64 else ("s64" if m <= 512 else "m128")
-    # picks from the CUDA-graph-timed decode sweep (results/gpu/call4, ratios to cuBLAS): M <= 16: d64 (1.26-1.68);
+    # picks from the CUDA-graph-timed decode sweep (results/gpu/README.md, ratios to cuBLAS): M <= 16: d64 (1.26-1.68);
     # M = 64: d32 for narrow N (0.92-1.0), s64_tma for N >= 12288 (0.95-0.99); M = 256: s64_tma (1.20-1.55)
     if m <= 32:
         return "d64"
