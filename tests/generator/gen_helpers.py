@@ -45,3 +45,14 @@ def assert_same_outputs(a, b):
         assert x.tokens == y.tokens, f"request {x.request_id}: tokens differ"
         assert torch.equal(x.logprob_tensor, y.logprob_tensor), f"request {x.request_id}: logprobs differ"
         assert x.finish_reason == y.finish_reason
+
+
+def assert_no_leak(eng: Engine):
+    """All requests done (or released): once the prefix cache drops its entries, every block is free."""
+    assert not eng.has_work() and not eng.parked
+    if eng.prefix is not None:
+        eng.prefix.clear()
+    assert eng.alloc.num_free() == eng.num_blocks
+    assert all(r == 0 for r in eng.alloc.ref)
+    assert len(set(eng.alloc.free)) == eng.num_blocks  # no block freed twice
+    assert sorted(eng.free_slots) == list(range(eng.max_slots))

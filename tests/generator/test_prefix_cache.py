@@ -4,7 +4,7 @@ survives eviction under block pressure, and every KV block returns to the free l
 import pytest
 import torch
 
-from gen_helpers import assert_same_outputs, prompts_of, run_all
+from gen_helpers import assert_no_leak, assert_same_outputs, prompts_of, run_all
 from zeromismatch.generator import Engine, SamplingParams
 from zeromismatch.generator.cache import SNAPSHOT_KEYS, BatchCacheView, CacheStorage
 from zeromismatch.jobs.parity import generate
@@ -14,16 +14,6 @@ from zeromismatch.trainer.scoring import next_token_logprobs
 def shared_prompts(shared_len=150, suffixes=(3, 20, 41, 0, 77), seed=0):
     shared, *rest = prompts_of([shared_len, *suffixes], seed=seed)
     return [shared + r for r in rest]
-
-
-def assert_no_leak(eng: Engine):
-    """All requests done (or released): once the prefix cache drops its entries, every block is free."""
-    assert not eng.has_work() and not eng.parked
-    eng.prefix.clear()
-    assert eng.alloc.num_free() == eng.num_blocks
-    assert all(r == 0 for r in eng.alloc.ref)
-    assert len(set(eng.alloc.free)) == eng.num_blocks  # no block freed twice
-    assert sorted(eng.free_slots) == list(range(eng.max_slots))
 
 
 @pytest.mark.parametrize("numerics", ["bi", "bi_chunk"])
@@ -75,13 +65,10 @@ def test_eviction_under_block_pressure_keeps_results_exact(micro_model, numerics
     params = [SamplingParams(max_new_tokens=4, seed=i) for i in range(12)]
     # 2 slots x 4 blocks (<= 196 tokens) = 8 blocks of live sequences; 9 blocks leave the prefix cache ~1
     eng = Engine(model, max_slots=2, num_blocks=9, max_model_len=256)
-    evictions = []
-    real_evict = eng.prefix._evict_one
-    eng.prefix._evict_one = lambda: evictions.append(1) or real_evict()
     outs, _ = generate(model, prompts, params, order=order, engine=eng)
     ample, _ = generate(model, prompts, params, max_slots=12, prefix_caching=False)
     assert_same_outputs(outs, ample)
-    assert len(evictions) > 0 and eng.stats["prefix_hit_tokens"] > 0
+    assert eng.prefix.evictions > 0 and eng.stats["prefix_hit_tokens"] > 0
     assert len(eng.prefix.entries) <= eng.prefix.max_entries
     assert_no_leak(eng)
 

@@ -2,11 +2,12 @@
 
 Roles, each behind a narrow interface (vLLM v1 style):
 - engine.py            Engine: requests (add, continue a parked turn, release), weight hot-swap, and
-                       step(): admit -> schedule -> execute -> sample -> retire
+                       step(): admit -> schedule -> allocate blocks (preempting when they run out) -> execute
+                       -> sample -> retire
 - scheduler.py         which sequences run this step and how many tokens each (decode first, prefill chunks
                        aligned to block boundaries)
-- kv_cache_manager.py  slots, ref-counted KV blocks and the prefix cache: admit / release, block allocation,
-                       prefix lookup (restores GDN snapshots into the slot) and insertion
+- kv_cache_manager.py  slots, ref-counted KV blocks and the prefix cache: admit / release / preempt, block
+                       allocation, prefix lookup (restores GDN snapshots into the slot) and insertion
 - model_runner.py      builds one varlen batch from the scheduled work and runs the model forward:
                        execute(work) -> logits of the rows that sample; load_weights(state_dict)
 - cache.py             CacheStorage: per-slot fp32 GDN state + paged KV blocks; BatchCacheView hands a batch's

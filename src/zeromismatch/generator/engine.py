@@ -7,9 +7,20 @@
             ...                          # out.tokens, out.logprobs (raw, fp32), out.versions
 
 The Engine keeps the requests (waiting, running, parked between turns) and the weight version; each step it
-admits waiting requests into free slots, schedules (scheduler.py), executes one forward (model_runner.py),
-samples the sequences whose known tokens are now all computed, and retires finished ones. Slots, KV blocks
-and the prefix cache belong to kv_cache_manager.py.
+admits waiting requests into free slots, schedules (scheduler.py), allocates the KV blocks the scheduled pieces
+write, executes one forward (model_runner.py), samples the sequences whose known tokens are now all computed,
+and retires finished ones. Slots, KV blocks and the prefix cache belong to kv_cache_manager.py.
+
+Preemption (as vLLM v1): when the pieces need more blocks than are free after evicting prefix-cache entries,
+parked sequences (idle) and then running ones, most recently admitted first, drop their blocks and slot and
+wait at the front of the queue. Re-admitted, a sequence recomputes its prompt and generated tokens (prefix-cache
+hits allowed). Only a piece that reaches the last known token samples, so the recompute draws nothing from the
+sequence's generator until the sample it would have drawn next: under bi / bi_chunk its tokens and logprobs
+are bit-identical to an un-preempted run. The recompute runs under the current weights: after a 'keep' swap a
+preempted sequence continues on a cache of the new weights only, as under the 'recompute' policy; its earlier
+tokens keep the versions that sampled them, and admission_version stays its turn's. A preempted parked
+sequence stays parked (releasable); continue_request queues it to recompute its whole context. Parked
+sequences also give up a slot when they hold every slot and nothing runs, so waiting requests always progress.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from .kv_cache_manager import BlockAllocator, KVCacheManager
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, sample
-from .scheduler import schedule
+from .scheduler import Work, schedule
 from .sequence import GenerationOutput, Sequence
 
 
@@ -63,7 +74,8 @@ class Engine:
         self._live: set[int] = set()  # ids of waiting, running and parked requests
         # audit hook: tap(name, activation [N, ...], layout, request_ids) for every forward (jobs/parity.py)
         self.tap = None
-        self.stats = {"steps": 0, "forward_s": 0.0, "tokens_computed": 0, "tokens_generated": 0, "prefix_hit_tokens": 0}
+        self.stats = {"steps": 0, "forward_s": 0.0, "tokens_computed": 0, "tokens_generated": 0, "prefix_hit_tokens": 0,
+                      "preemptions": 0, "parked_preemptions": 0}
 
     # the cache manager's state, for inspection (tests check slots, blocks and prefix entries)
     @property
@@ -88,6 +100,7 @@ class Engine:
                 f"prompt ({len(prompt_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds max_model_len={self.max_model_len}"
             )
         self._check_token_ids(prompt_ids, "prompt_ids")
+        self._check_fits(len(prompt_ids) + params.max_new_tokens, "request")
         if request_id is None:
             rid = next(self._ids)
             while rid in self._live:  # skip ids the caller passed explicitly
@@ -113,12 +126,16 @@ class Engine:
         if len(seq.tokens) + len(new_tokens) + params.max_new_tokens > self.max_model_len:
             raise ValueError(f"request {request_id} would exceed max_model_len={self.max_model_len}")
         self._check_token_ids(new_tokens, "new_tokens")
+        self._check_fits(len(seq.tokens) + len(new_tokens) + params.max_new_tokens, f"request {request_id}")
         del self.parked[request_id]
         seq.params = params
         seq.tokens.extend(new_tokens)
         seq.finish_reason, seq.turn_start = None, len(seq.generated)
         seq.admission_version = self.version
-        self.running.append(seq)
+        if seq.slot < 0:  # preempted while parked: recomputes its context once admitted
+            self.waiting.append(seq)
+        else:
+            self.running.append(seq)
 
     def release(self, request_id: int) -> None:
         """Free a parked sequence's slot and blocks."""
@@ -132,17 +149,20 @@ class Engine:
 
     # ---------------------------------------------------------------------------------------- step
     def step(self) -> list[GenerationOutput]:
-        """admit -> schedule -> execute -> sample -> retire; returns the requests this step finished."""
-        self._admit()
-        ready, hit_tokens = self.kv.lookup_prefixes(self.running)
-        self.stats["prefix_hit_tokens"] += hit_tokens
+        """admit -> schedule -> allocate (preempting) -> execute -> sample -> retire; returns the requests this
+        step finished."""
+        admitted = self._admit()
+        ready, hits = self.kv.lookup_prefixes(self.running)
         work = schedule(ready, self.max_batched_tokens, self.max_slots)
         if not work:
             if self.running:
-                raise RuntimeError("no sequence can make progress: raise num_blocks or max_batched_tokens")
+                raise RuntimeError("no sequence can make progress: raise max_batched_tokens")
             return []
-        for w in work:
-            self.kv.allocate_blocks(w.seq, w.seq.num_computed + w.n_tokens)
+        work = self._allocate(work, admitted)
+        # a hit given back by a preemption skipped nothing
+        self.stats["prefix_hit_tokens"] += sum(n for s, n in hits.items() if s.slot >= 0)
+        if not work:
+            return []
         t0 = time.perf_counter()
         logits = self.runner.execute(work, self.tap)
         to_sample = [w.seq for w in work if w.samples]
@@ -189,11 +209,47 @@ class Engine:
                     s.stale_cache = True
 
     # --------------------------------------------------------------------------------- internals
-    def _admit(self) -> None:
+    def _admit(self) -> list[Sequence]:
+        """Waiting requests take free slots in queue order; returns the sequences admitted."""
+        if self.waiting and not self.running and not self.kv.has_free_slot():
+            self._preempt_parked()  # parked sequences hold every slot: nothing could ever run
+        admitted = []
         while self.waiting and self.kv.has_free_slot():
             seq = self.waiting.popleft()
             self.kv.admit(seq)
             self.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def _allocate(self, work: list[Work], admitted: list[Sequence]) -> list[Work]:
+        """Give each piece the blocks it writes, in admission order, preempting when the pool runs dry until
+        the piece fits or its own sequence was preempted; returns the pieces still scheduled. Victims come
+        from the end of the admission order, so a piece never takes blocks from an older sequence: the
+        oldest always progresses (and fits alone, as add_request checked)."""
+        rank = {s: i for i, s in enumerate(self.running)}
+        for w in sorted(work, key=lambda w: rank[w.seq]):
+            while w.seq.slot >= 0 and not self.kv.allocate_blocks(w.seq, w.seq.num_computed + w.n_tokens):
+                if not self._preempt_parked():
+                    self._preempt_newest(admitted)
+        return [w for w in work if w.seq.slot >= 0]
+
+    def _preempt_parked(self) -> bool:
+        """Preempt the longest-parked sequence that still holds a cache; False when none does."""
+        s = next((s for s in self.parked.values() if s.slot >= 0), None)
+        if s is None:
+            return False
+        self.kv.preempt(s)
+        self.stats["parked_preemptions"] += 1
+        return True
+
+    def _preempt_newest(self, admitted: list[Sequence]) -> None:
+        """Send the most recently admitted running sequence back to the front of the queue. One admitted this
+        step computed nothing yet: it just waits again and is not counted."""
+        s = self.running.pop()
+        self.kv.preempt(s)
+        self.waiting.appendleft(s)
+        if s not in admitted:
+            self.stats["preemptions"] += 1
 
     def _append_samples(self, seqs: list[Sequence], tokens: list[int], logprobs: torch.Tensor) -> list[Sequence]:
         """Append each sampled token; returns the sequences this token finished."""
@@ -236,6 +292,16 @@ class Engine:
             list(s.tokens),
             lp,
         )
+
+    def _check_fits(self, n_tokens: int, what: str) -> None:
+        # the last sampled token is never fed back: n_tokens - 1 positions get KV; preemption can free every
+        # other block, so a request fails only when it alone exceeds the pool
+        need = (n_tokens - 1 + BLOCK_SIZE - 1) // BLOCK_SIZE
+        if need > self.num_blocks:
+            raise ValueError(
+                f"{what} needs {need} KV blocks of {BLOCK_SIZE} tokens ({n_tokens} tokens) but the engine has "
+                f"num_blocks={self.num_blocks}: raise num_blocks or shorten the request"
+            )
 
     def _check_token_ids(self, ids: list[int], what: str) -> None:
         # an out-of-range id would fail inside step() and wedge every request of the batch

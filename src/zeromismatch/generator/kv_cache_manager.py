@@ -4,6 +4,10 @@ A running sequence owns one slot of CacheStorage (its fp32 GDN state) and a bloc
 KV blocks. Blocks are ref-counted: a prefix-cache entry and every sequence that reuses it each hold a
 reference. A prefix hit shares the cached blocks and restores the GDN state snapshot of the prefix's end into
 the sequence's slot, so the sequence resumes at that block boundary as if it had computed the prefix itself.
+
+When the blocks run out, the engine preempts a sequence: `preempt` gives back its blocks and slot and resets it
+to be recomputed from its tokens. Its blocks already published to the prefix cache stay there, so the
+recompute usually resumes from its own last snapshot.
 """
 
 from __future__ import annotations
@@ -56,35 +60,49 @@ class KVCacheManager:
         self.storage.reset_slot(s.slot)
 
     def release(self, s: Sequence) -> None:
-        """Give back the sequence's blocks and its slot."""
+        """Give back the sequence's blocks and its slot (a preempted sequence holds neither)."""
         for b in s.block_table:
             self.alloc.decref(b)
         s.block_table = []
-        self.free_slots.append(s.slot)
+        if s.slot >= 0:
+            self.free_slots.append(s.slot)
         s.slot = -1
 
     def reset_computed(self, s: Sequence) -> None:
         """Compute the sequence again from its first token: its GDN state is zeroed; its blocks stay held and
         are overwritten as the tokens are recomputed."""
-        self.storage.reset_slot(s.slot)
+        if s.slot >= 0:
+            self.storage.reset_slot(s.slot)
         s.num_computed = 0
         s.stale_cache = False
 
+    def preempt(self, s: Sequence) -> None:
+        """Drop the sequence's cache (blocks and slot back) so that it is recomputed from its tokens once
+        admitted again; the recompute may hit the prefix cache like a fresh prompt."""
+        self.release(s)
+        s.num_computed = 0
+        s.looked_up = False
+        s.stale_cache = False  # the recompute runs under the weights of its time only
+
     # --------------------------------------------------------------------------------------- blocks
-    def allocate_blocks(self, s: Sequence, n_tokens: int) -> None:
-        """Grow the block table to hold n_tokens, evicting prefix-cache entries when the free list runs short."""
+    def allocate_blocks(self, s: Sequence, n_tokens: int) -> bool:
+        """Grow the block table to hold n_tokens, evicting prefix-cache entries when the free list runs short.
+        Returns False, allocating nothing, when even that leaves too few blocks (the caller preempts)."""
         need = (n_tokens + BLOCK_SIZE - 1) // BLOCK_SIZE - len(s.block_table)
         if need > 0 and self.prefix is not None:
             self.prefix.evict_for_space(need)
+        if need > self.alloc.num_free():
+            return False
         for _ in range(need):
             s.block_table.append(self.alloc.allocate())
+        return True
 
     # --------------------------------------------------------------------------------- prefix cache
-    def lookup_prefixes(self, running: list[Sequence]) -> tuple[list[Sequence], int]:
+    def lookup_prefixes(self, running: list[Sequence]) -> tuple[list[Sequence], dict[Sequence, int]]:
         """Fresh sequences take their longest cached prefix. Of several fresh sequences that miss on the same
         first block, one computes it while the others wait a step, then hit the cache.
-        Returns (the sequences that may be scheduled this step, the prefix tokens hit)."""
-        out, inflight, hit_tokens = [], set(), 0
+        Returns (the sequences that may be scheduled this step, the prefix tokens each hit)."""
+        out, inflight, hits = [], set(), {}
         for s in running:
             if s.num_computed == 0 and not s.looked_up and self.prefix is not None and s.num_tokens > BLOCK_SIZE:
                 blocks, snap = self.prefix.lookup(s.tokens)
@@ -96,7 +114,7 @@ class KVCacheManager:
                     s.block_table = list(blocks)
                     self.storage.restore(s.slot, snap)
                     s.num_computed = len(blocks) * BLOCK_SIZE
-                    hit_tokens += s.num_computed
+                    hits[s] = s.num_computed
                     s.looked_up = True
                 else:
                     h = block_hashes(s.tokens, 1)[0]
@@ -104,7 +122,7 @@ class KVCacheManager:
                         continue
                     inflight.add(h)
             out.append(s)
-        return out, hit_tokens
+        return out, hits
 
     def cache_prefix(self, s: Sequence) -> None:
         """After a step: when the sequence's computed tokens end on a block boundary (there the GDN state is

@@ -35,6 +35,7 @@ class PrefixCache:
         self.entries: OrderedDict[int, Entry] = OrderedDict()
         self.hits_tokens = 0
         self.queries_tokens = 0
+        self.evictions = 0  # entries dropped for room (not by clear)
 
     def lookup(self, tokens: list[int]) -> tuple[list[int], dict | None]:
         """Longest cached prefix of whole blocks, leaving at least one token to compute (its logits are
@@ -65,19 +66,21 @@ class PrefixCache:
             elif last and e.snapshot is None:
                 e.snapshot = snapshot_fn()
         while len(self.entries) > self.max_entries:
-            self._evict_one()
+            self._drop(next(iter(self.entries)))
 
-    def _evict_one(self) -> bool:
-        if not self.entries:
-            return False
-        _, e = self.entries.popitem(last=False)
-        self.alloc.decref(e.block)
-        return True
+    def _drop(self, h: int) -> None:
+        self.alloc.decref(self.entries.pop(h).block)
+        self.evictions += 1
 
     def evict_for_space(self, need: int) -> None:
-        while self.alloc.num_free() < need and self._evict_one():
-            pass
+        """Evict least recently used entries until `need` blocks are free, skipping those whose block a
+        sequence still holds: evicting them frees nothing now and loses what a preempted sequence would hit."""
+        for h in [h for h, e in self.entries.items() if self.alloc.ref[e.block] == 1]:
+            if self.alloc.num_free() >= need:
+                return
+            self._drop(h)
 
     def clear(self) -> None:
-        while self._evict_one():
-            pass
+        for e in self.entries.values():
+            self.alloc.decref(e.block)
+        self.entries.clear()

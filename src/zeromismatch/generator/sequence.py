@@ -31,7 +31,7 @@ class Sequence:
     admission_version: int
     tokens: list[int] = field(default_factory=list)
     num_computed: int = 0
-    slot: int = -1
+    slot: int = -1  # -1: holds no cache (waiting, preempted, or released)
     block_table: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
     logprobs: list[torch.Tensor] = field(default_factory=list)
