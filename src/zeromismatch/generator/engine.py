@@ -87,7 +87,7 @@ class Engine:
         self.max_batched_tokens = max_batched_tokens
         blocks_per_seq = (max_model_len + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.num_blocks = num_blocks or max_slots * blocks_per_seq + 64
-        self.storage = CacheStorage(model.config, max_slots, self.num_blocks, self.device, dtype)
+        self.storage = CacheStorage(model.config, model.numerics.gdn, max_slots, self.num_blocks, self.device, dtype)
         self.alloc = BlockAllocator(self.num_blocks)
         self.prefix = PrefixCache(self.alloc, max_entries=self.num_blocks // 2) if prefix_caching else None
         self.swap_policy = swap_policy
