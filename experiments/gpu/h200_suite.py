@@ -99,8 +99,8 @@ def sec_env(res, args):
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0),
         "sm_count": p.multi_processor_count,
-        "gemm_policy_default": __import__("zeromismatch.kernels.gemm", fromlist=["POLICY"]).POLICY,
-        "env": {k: os.environ.get(k) for k in ("CUBLASLT_WORKSPACE_SIZE", "CUBLAS_WORKSPACE_CONFIG", "ZM_GEMM_POLICY")},
+        "gemm_policy_default": __import__("zeromismatch.ops.linear.policy", fromlist=["DEFAULT_GEMM_POLICY"]).DEFAULT_GEMM_POLICY,
+        "env": {k: os.environ.get(k) for k in ("CUBLASLT_WORKSPACE_SIZE", "CUBLAS_WORKSPACE_CONFIG")},
     }
 
 
@@ -119,7 +119,7 @@ def sec_ceilings(res, args):
 
 
 def sec_reduce(res, args):
-    from zeromismatch.kernels import mean_sq_last
+    from zeromismatch.ops.reduce import mean_sq_last
 
     out = {}
     for d in (128, 1024, 4096):
@@ -141,7 +141,7 @@ MODEL_KN = [(256, 512), (256, 256), (256, 4), (768, 256), (256, 768), (256, 2048
 
 
 def sec_gemm_check(res, args):
-    from zeromismatch.kernels.gemm import CONFIGS, linear_raw
+    from zeromismatch.ops.linear.triton import CONFIGS, linear_raw
 
     out = {}
     for (m, k, n) in [(1000, 1024, 4096), (3, 4096, 12352), (5000, 256, 4)]:
@@ -181,7 +181,7 @@ def _inv_check(fn, x, ms):
 def sec_gemm_inv(res, args):
     import torch.nn.functional as F
 
-    from zeromismatch.kernels.gemm import linear_raw
+    from zeromismatch.ops.linear.triton import linear_raw
 
     out = {}
     ms_small = [1, 2, 3, 7, 16, 17, 63, 64, 65, 128, 255, 256, 300, 513, 1000, 2047, 2048]
@@ -208,7 +208,7 @@ def sec_gemm_inv(res, args):
 def sec_gemm_cfg(res, args):
     import torch.nn.functional as F
 
-    from zeromismatch.kernels.gemm import CONFIGS, linear_raw
+    from zeromismatch.ops.linear.triton import CONFIGS, linear_raw
 
     out, all_same = {}, True
     for (m, k, n) in [(512, 1024, 8192), (4096, 4096, 12352), (64, 4096, 4096), (300, 256, 512), (4096, 12288, 4096)]:
@@ -231,7 +231,7 @@ def sec_gemm_cfg(res, args):
 
 
 def sec_bmm(res, args):
-    from zeromismatch.kernels.bmm import bmm
+    from zeromismatch.ops.linear.bmm_triton import bmm
 
     out = {}
     shapes = [("attn_qk_d256", (64, 256, 320), torch.bfloat16), ("attn_pv_d256", (64, 320, 256), torch.bfloat16),
@@ -265,8 +265,8 @@ def _cu(lens):
 
 
 def sec_gdn(res, args):
-    from zeromismatch.kernels.gdn_recurrent import gdn_recurrent_fwd
-    from zeromismatch.ops.gdn.reference import recurrent_fwd
+    from zeromismatch.ops.gdn.recurrent_triton import recurrent_fwd_triton as gdn_recurrent_fwd
+    from zeromismatch.ops.gdn.naive import recurrent_fwd
 
     out = {}
     lens = [300, 1, 64, 1000, 17]
@@ -333,7 +333,7 @@ def _prepared(b, h, t, dk=128, dv=128, seed=11):
 
 
 def _open_chunk_cache(n_slots, h, dk=128, dv=128, seed=0):
-    from zeromismatch.kernels.gdn_chunk import CHUNK
+    from zeromismatch.ops.gdn import CHUNK
 
     g = torch.Generator(device=DEV).manual_seed(seed)
     f = lambda *s: torch.randn(*s, device=DEV, generator=g) * 0.1  # noqa: E731
@@ -343,10 +343,12 @@ def _open_chunk_cache(n_slots, h, dk=128, dv=128, seed=0):
 
 
 def sec_gdn_chunk(res, args):
-    """The chunked forward (kernels.gdn_chunk) vs float64, alone == batched, prefix stability, and the fused
+    """The chunked forward (ops/gdn/chunk_triton.py) vs float64, alone == batched, prefix stability, and the fused
     bi_chunk decode step == the chunked forward's rows (every open-chunk position, chunk closes included)."""
-    from zeromismatch.kernels.gdn_chunk import CHUNK, chunk_decode, chunk_fwd
-    from zeromismatch.ops.gdn.reference import chunk_fwd_torch
+    from zeromismatch.ops.gdn import CHUNK
+    from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton as chunk_decode
+    from zeromismatch.ops.gdn.chunk_triton import chunk_fwd_triton as chunk_fwd
+    from zeromismatch.ops.gdn.naive import chunk_fwd as chunk_fwd_torch
 
     b, h, t, dk, dv = 4, 8, 256, 128, 128
     q, k, v, gg, beta = _prepared(b, h, t)
@@ -391,7 +393,7 @@ def _chain_variants(q, k, v, gg, beta, slots, caches, floor_ms):
     """The experimental decode kernels with the chains written out as loops (fused multiply-add, or multiply
     then add): same bits as the verified `dot` decode (output and every cache tensor) at open-chunk positions
     0, 1, 31, 62, 63? and their time."""
-    from zeromismatch.kernels.gdn_chunk import chunk_decode
+    from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton as chunk_decode
 
     clone = lambda c: {n: x.clone() for n, x in c.items()}  # noqa: E731
     out = {}
@@ -420,13 +422,13 @@ def _chain_variants(q, k, v, gg, beta, slots, caches, floor_ms):
 def _chunk_sweep(q, k, v, gg, beta, slots, caches, floor_ms, spec=DEFAULT_CHUNK_SWEEP):
     """Launch settings of the chunked kernels (spec: kernel:warps:widest value block, comma-separated): time,
     and bits vs the module defaults."""
-    from zeromismatch.kernels import gdn_chunk as G
+    from zeromismatch.ops.gdn import chunk_triton as G
 
     warps0, bv0, st0 = dict(G.NUM_WARPS), dict(G.BV_MAX), dict(G.NUM_STAGES)
     pos = torch.full((q.shape[0],), 31, device=DEV)
     clone = lambda c: {n: x.clone() for n, x in c.items()}  # noqa: E731
     ref_c = clone(caches[0])
-    ref = G.chunk_decode(q, k, v, gg, beta, slots, pos, ref_c, variant="dot")
+    ref = G.chunk_decode_triton(q, k, v, gg, beta, slots, pos, ref_c, variant="dot")
     out = {"decode": {}, "train": {}}
     entries = []
     for e in spec.split(","):
@@ -438,8 +440,8 @@ def _chunk_sweep(q, k, v, gg, beta, slots, caches, floor_ms, spec=DEFAULT_CHUNK_
         key = f"{name}_w{w}_bv{bv}_s{st}"
         try:
             c = clone(caches[0])
-            same = bool(torch.equal(G.chunk_decode(q, k, v, gg, beta, slots, pos, c, variant=variant), ref))
-            ms = bench_graph([lambda c=c: G.chunk_decode(q, k, v, gg, beta, slots, pos, c, variant=variant)
+            same = bool(torch.equal(G.chunk_decode_triton(q, k, v, gg, beta, slots, pos, c, variant=variant), ref))
+            ms = bench_graph([lambda c=c: G.chunk_decode_triton(q, k, v, gg, beta, slots, pos, c, variant=variant)
                               for c in caches])
             out["decode"][key] = {"ms": ms, "over_floor": ms / floor_ms, "bits_equal_dot": same}
         except Exception as e:
@@ -450,17 +452,17 @@ def _chunk_sweep(q, k, v, gg, beta, slots, caches, floor_ms, spec=DEFAULT_CHUNK_
         return out
     tq, tk, tv, tg, tb = _prepared(2, q.shape[1], 4096, seed=8)
     s0 = torch.zeros(2, q.shape[1], 128, 128, device=DEV)
-    ref = G.chunk_fwd(tq, tk, tv, tg, tb, s0)[0]
+    ref = G.chunk_fwd_triton(tq, tk, tv, tg, tb, s0)[0]
     for name, settings in [(n, (w, bv)) for n, w, bv, _ in entries if n in ("prep", "scan")]:
         G.NUM_WARPS[name], G.BV_MAX[name] = settings
         try:
-            same = bool(torch.equal(G.chunk_fwd(tq, tk, tv, tg, tb, s0)[0], ref))
-            ms = bench(lambda: G.chunk_fwd(tq, tk, tv, tg, tb, s0), warmup=1, rep=5)
+            same = bool(torch.equal(G.chunk_fwd_triton(tq, tk, tv, tg, tb, s0)[0], ref))
+            ms = bench(lambda: G.chunk_fwd_triton(tq, tk, tv, tg, tb, s0), warmup=1, rep=5)
             out["train"][f"{name}_w{settings[0]}_bv{settings[1]}"] = {"ms_2x4096": ms, "bits_equal_default": same}
         except Exception as e:
             out["train"][f"{name}_w{settings[0]}_bv{settings[1]}"] = {"error": repr(e)[-300:]}
         G.NUM_WARPS.update(warps0), G.BV_MAX.update(bv0)
-    out["train"]["default_ms_2x4096"] = bench(lambda: G.chunk_fwd(tq, tk, tv, tg, tb, s0), warmup=1, rep=5)
+    out["train"]["default_ms_2x4096"] = bench(lambda: G.chunk_fwd_triton(tq, tk, tv, tg, tb, s0), warmup=1, rep=5)
     log("chunk sweep", out)
     return out
 
@@ -471,9 +473,11 @@ def sec_chunk_time(res, args):
     states) and vs the previous decode (the chunked forward over the zero-padded open chunk). CUDA-graph replay
     over 4 rotating caches. Trainer: the chunked forward for 8 x 4096 tokens x 32 heads vs the recurrent
     kernel (bi's forward) and the torch chunked form."""
-    from zeromismatch.kernels import gdn_recurrent as R
-    from zeromismatch.kernels.gdn_chunk import CHUNK, chunk_decode, chunk_fwd
-    from zeromismatch.ops.gdn.reference import chunk_fwd_torch
+    from zeromismatch.ops.gdn import recurrent_triton as R
+    from zeromismatch.ops.gdn import CHUNK
+    from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton as chunk_decode
+    from zeromismatch.ops.gdn.chunk_triton import chunk_fwd_triton as chunk_fwd
+    from zeromismatch.ops.gdn.naive import chunk_fwd as chunk_fwd_torch
 
     out = {}
     n, h, dk, dv = 64, 32, 128, 128
@@ -510,7 +514,7 @@ def sec_chunk_time(res, args):
     cu = _cu([t] * b)
     o = torch.empty(b * t, h, dv, device=DEV, dtype=torch.bfloat16)
     state = torch.zeros(b, h, dk, dv, device=DEV)
-    tr["recurrent_ms"] = bench(lambda: R.gdn_recurrent_fwd(rq, rk, rv, rg, rb, cu, state, out=o), warmup=2, rep=10)
+    tr["recurrent_ms"] = bench(lambda: R.recurrent_fwd_triton(rq, rk, rv, rg, rb, cu, state, out=o), warmup=2, rep=10)
     tr["chunk_over_recurrent"] = tr["chunk_fwd_ms"] / tr["recurrent_ms"]
     out["train_8x4096_h32"] = tr
     return out
@@ -578,8 +582,6 @@ def parity_run(m, mode, n_prompts=16, max_slots=8, max_batched_tokens=256, grad_
 
 
 def sec_parity(res, args):
-    from zeromismatch.kernels import gemm
-
     out = {}
     for preset in args.presets.split(","):
         try:
@@ -595,39 +597,32 @@ def sec_parity(res, args):
             if time.time() - T0 > args.deadline:
                 out[key] = "skipped: deadline"
                 continue
-            gemm.POLICY = pol if pol != "default" else gemm.POLICY
+            numerics = mode if pol == "default" else {"name": mode, "gemm_policy": pol}
             try:
-                out[key] = parity_run(m, mode, grad_check=preset.startswith("tiny"))
+                out[key] = parity_run(m, numerics, grad_check=preset.startswith("tiny"))
             except Exception:
                 out[key] = {"error": traceback.format_exc()[-3000:]}
             brief = {a: b for a, b in out[key].items() if a in ("max_abs_diff", "error", "gen_s", "grad_forward_max_abs_diff")}
             log("parity", key, str(brief)[-600:])
         del m
         torch.cuda.empty_cache()
-    gemm.POLICY = "adaptive"
     return out
 
 
 def sec_parity_chain(res, args):
     """bi_chunk parity with the experimental loop-chain decode kernel, in whichever form (fused or multiply
     then add) matched the dot decode bit for bit in chunk_time's check (none matched: skipped)."""
-    from zeromismatch.kernels import gdn_chunk
-
     checks = (res.get("chunk_time") or {}).get("decode_chain_variants", {})
     ok = [v for v, r in checks.items() if isinstance(r, dict) and r and all(r.get(f"t{t}_equal") for t in (0, 1, 31, 62, 63))]
     if not ok:
         return {"skipped": "no loop-chain variant matched the dot decode"}
-    gdn_chunk.DECODE = ok[0]
     out = {"variant": ok[0]}
-    try:
-        for preset in args.presets.split(","):
-            m = build_gpu_model(preset)
-            out[preset] = parity_run(m, "bi_chunk")
-            log("parity_chain", preset, {a: b for a, b in out[preset].items() if a in ("max_abs_diff", "gen_s")})
-            del m
-            torch.cuda.empty_cache()
-    finally:
-        gdn_chunk.DECODE = "dot"
+    for preset in args.presets.split(","):
+        m = build_gpu_model(preset)
+        out[preset] = parity_run(m, {"name": "bi_chunk", "chunk_decode": ok[0]})
+        log("parity_chain", preset, {a: b for a, b in out[preset].items() if a in ("max_abs_diff", "gen_s")})
+        del m
+        torch.cuda.empty_cache()
     return out
 
 
@@ -637,7 +632,7 @@ def sec_gemm_time(res, args):
     training shapes: eager do_bench (launch overhead negligible). Ratios = ours / cuBLAS."""
     import torch.nn.functional as F
 
-    from zeromismatch.kernels.gemm import _tma_ok, linear_raw, pick
+    from zeromismatch.ops.linear.triton import _tma_ok, linear_raw, pick
 
     out = {"train": {}, "decode": {}, "decode_eager": {}, "lm_head_fp32": {}}
     for (k, n) in TRAIN_KN:
@@ -692,7 +687,7 @@ def sec_gemm_time(res, args):
 
 def sec_gdn_time(res, args):
     """Recurrent kernel at its module config (the one every call uses) and v1 for comparison."""
-    from zeromismatch.kernels import gdn_recurrent as R
+    from zeromismatch.ops.gdn import recurrent_triton as R
 
     out = {"config": {"BV": R.BV, "num_warps": R.NUM_WARPS, "num_stages": R.NUM_STAGES}}
     b, t, h, hv, dk, dv = 8, 4096, 16, 32, 128, 128
@@ -700,7 +695,7 @@ def sec_gdn_time(res, args):
     cu = _cu([t] * b)
     o = torch.empty(b * t, hv, dv, device=DEV, dtype=torch.bfloat16)
     state = torch.zeros(b, hv, dk, dv, device=DEV)
-    out["prefill_8x4096_h32_ms"] = bench(lambda: R.gdn_recurrent_fwd(q, k, v, g, beta, cu, state, out=o), warmup=5, rep=40)
+    out["prefill_8x4096_h32_ms"] = bench(lambda: R.recurrent_fwd_triton(q, k, v, g, beta, cu, state, out=o), warmup=5, rep=40)
     out["prefill_tokens_per_s"] = b * t / out["prefill_8x4096_h32_ms"] * 1e3
     n = 64
     q, k, v, g, beta = _gdn_inputs(n, h=h, hv=hv, seed=22)
@@ -708,9 +703,9 @@ def sec_gdn_time(res, args):
     slots = torch.arange(n, device=DEV)
     cu1 = _cu([1] * n)
     od = torch.empty(n, hv, dv, device=DEV, dtype=torch.bfloat16)
-    out["decode_64seq_ms_graph"] = bench_graph([lambda c=c: R.gdn_recurrent_fwd(q, k, v, g, beta, cu1, c, slots, out=od)
+    out["decode_64seq_ms_graph"] = bench_graph([lambda c=c: R.recurrent_fwd_triton(q, k, v, g, beta, cu1, c, slots, out=od)
                                                 for c in caches])
-    out["decode_64seq_ms_eager"] = bench(lambda: R.gdn_recurrent_fwd(q, k, v, g, beta, cu1, caches[0], slots, out=od),
+    out["decode_64seq_ms_eager"] = bench(lambda: R.recurrent_fwd_triton(q, k, v, g, beta, cu1, caches[0], slots, out=od),
                                          warmup=20, rep=100)
     dsts = [torch.empty_like(c) for c in caches]
     out["decode_state_floor_ms_graph"] = bench_graph([lambda i=i: dsts[i].copy_(caches[i]) for i in range(4)])
@@ -719,7 +714,7 @@ def sec_gdn_time(res, args):
 
 
 def _sweep_cfgs():
-    from zeromismatch.kernels.gemm import Cfg
+    from zeromismatch.ops.linear.triton import Cfg
 
     dec = {}
     for bn in (32, 64):
@@ -754,7 +749,7 @@ def sec_gemm_sweep(res, args):
     """Every candidate config: bits equal to the reference config (s64, pointer loads) and median ms, vs cuBLAS."""
     import torch.nn.functional as F
 
-    from zeromismatch.kernels.gemm import linear_raw
+    from zeromismatch.ops.linear.triton import linear_raw
 
     dec, train = _sweep_cfgs()
     out = {"decode": {}, "train": {}, "bits_all_equal": True}
@@ -793,7 +788,7 @@ def sec_gemm_sweep(res, args):
 
 
 def sec_gdn_sweep(res, args):
-    from zeromismatch.kernels.gdn_recurrent import gdn_recurrent_fwd
+    from zeromismatch.ops.gdn.recurrent_triton import recurrent_fwd_triton as gdn_recurrent_fwd
 
     out = {}
     # checks: float64 reference, alone == batched, split with carried state
@@ -804,7 +799,7 @@ def sec_gdn_sweep(res, args):
     st = torch.zeros(len(lens), hv, dk, dv, device=DEV)
     o = gdn_recurrent_fwd(q, k, v, g, beta, cu, st)
     errs, alone, split = [], True, True
-    from zeromismatch.ops.gdn.reference import recurrent_fwd
+    from zeromismatch.ops.gdn.naive import recurrent_fwd
 
     for i in range(len(lens)):
         s, e = int(cu[i]), int(cu[i + 1])
@@ -863,12 +858,10 @@ def sec_gdn_sweep(res, args):
 
 
 def sec_model_time(res, args):
-    from zeromismatch.kernels import gemm
     from zeromismatch.models.qwen3_5 import build_model
 
     out = {}
     pol = "adaptive" if res.get("gemm_cfg", {}).get("all_configs_bitwise_equal") else "fixed"
-    gemm.POLICY = pol
     out["gemm_policy"] = pol
     m = build_model("qwen3_5_mid", "stock", seed=1).to(device=DEV, dtype=torch.bfloat16)
     cu = [i * 1024 for i in range(9)]
@@ -877,7 +870,7 @@ def sec_model_time(res, args):
         if time.time() - T0 > args.deadline:
             out[mode] = "skipped: deadline"
             continue
-        m.set_numerics(mode)
+        m.set_numerics({"name": mode, "gemm_policy": pol})
         with torch.no_grad():
             ms = bench(lambda: m(ids, cu), warmup=1, rep=3)
         out[mode] = {"fwd_ms": ms, "tokens_per_s": cu[-1] / ms * 1e3}
@@ -902,11 +895,11 @@ def cublaslt_worker(args):
     """Runs in a process whose env starves cuBLASLt's workspace (set before CUDA init)."""
     import torch.nn.functional as F
 
-    from zeromismatch.kernels import configure_cuda, enable_cublaslt_invariant
+    from zeromismatch.ops.device import configure_cuda, enable_cublaslt_invariant
 
     enable_cublaslt_invariant()
     configure_cuda()
-    from zeromismatch.kernels.gemm import linear_raw
+    from zeromismatch.ops.linear.triton import linear_raw
 
     out = {"env": {k: os.environ.get(k) for k in ("CUBLASLT_WORKSPACE_SIZE", "CUBLAS_WORKSPACE_CONFIG")}, "inv": {}, "time": {}, "bits_vs_triton": {}}
     ms_small = [1, 2, 3, 7, 16, 17, 63, 64, 65, 128, 255, 256, 300, 513, 1000, 2048]
@@ -937,7 +930,7 @@ def cublaslt_worker(args):
         out.setdefault("fp32_time", {})[f"M{m}_K1024_N32768"] = bench(lambda: F.linear(x, w))
     json.dump(out, open(os.path.join(args.out, "cublaslt.json"), "w"), indent=1)
     # the hybrid policy: rows computed by Triton (M < HYBRID_MIN_M) == rows computed by cuBLASLt (M >= it)
-    from zeromismatch.kernels import gemm
+    from zeromismatch.ops.linear import triton as gemm
 
     out["hybrid_ready"] = gemm.cublaslt_invariant_ready()
     hyb = {}
@@ -948,13 +941,12 @@ def cublaslt_worker(args):
     out["hybrid_all_invariant"] = all(v is True for v in hyb.values())
     json.dump(out, open(os.path.join(args.out, "cublaslt.json"), "w"), indent=1)
     if args.hybrid_parity:
-        gemm.POLICY = "hybrid"
         par = {}
         for preset in args.presets.split(","):
             m = build_gpu_model(preset)
             for mode in args.hybrid_modes.split(","):
                 try:
-                    par[f"{preset}:{mode}:hybrid"] = parity_run(m, mode)
+                    par[f"{preset}:{mode}:hybrid"] = parity_run(m, {"name": mode, "gemm_policy": "hybrid"})
                 except Exception:
                     par[f"{preset}:{mode}:hybrid"] = {"error": traceback.format_exc()[-2000:]}
             del m
@@ -988,7 +980,7 @@ def main():
     ap.add_argument("--tag", default="suite")
     ap.add_argument("--policies", default="adaptive", help="GEMM policies the parity section runs bi / bi_chunk under")
     ap.add_argument("--cublaslt-worker", action="store_true")
-    ap.add_argument("--hybrid-parity", action="store_true", help="cublaslt worker: parity under ZM_GEMM_POLICY=hybrid")
+    ap.add_argument("--hybrid-parity", action="store_true", help="cublaslt worker: parity under gemm_policy=hybrid")
     ap.add_argument("--hybrid-presets", default="tiny,qwen3_5_mid")
     ap.add_argument("--hybrid-modes", default="bi,bi_chunk")
     ap.add_argument("--stock-presets", default="tiny,tiny_moe,qwen3_5_mid")
@@ -1000,7 +992,7 @@ def main():
     if args.cublaslt_worker:
         cublaslt_worker(args)
         return
-    from zeromismatch.kernels import configure_cuda
+    from zeromismatch.ops.device import configure_cuda
 
     configure_cuda()
     res: dict = {}

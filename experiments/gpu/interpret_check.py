@@ -1,9 +1,12 @@
 #!/usr/bin/env python
-"""Check the chunked GDN kernels' logic on a CPU, without a GPU: Triton's interpreter runs the kernels on CPU
-tensors, with its fp32 `tl.dot` replaced by a sequential multiply-add chain over K (what the GPU's FMA lowering
-computes; emulated in float64 and rounded to fp32 per step). Under that emulation the fused bi_chunk decode step
-("dot", and the default loop-chain kernel against it) must equal the chunked forward bit for bit, as on the
-GPU; the forward must match float64 within 1e-5. About 3 minutes on one core.
+"""Check the CUDA paths' logic on a CPU, without a GPU: Triton's interpreter runs the kernels on CPU tensors, with
+its fp32 `tl.dot` replaced by a sequential multiply-add chain over K (what the GPU's FMA lowering computes;
+emulated in float64 and rounded to fp32 per step). Under that emulation the fused bi_chunk decode step ("dot",
+and the default loop-chain kernel against it) must equal the chunked forward bit for bit, as on the GPU; the
+forward must match float64 within 1e-5. Then the whole model path (every op's CUDA form: Triton GEMM, row
+reductions, bmm, the GDN backends' CUDA branches and the cache's in-place slots) generates with the engine and
+rescores with the trainer's forward, for bi and bi_chunk: every logprob must be equal. About 4 minutes on one
+core.
 
     pip install triton==3.6.0 && TRITON_INTERPRET=1 PYTHONPATH=src python experiments/gpu/interpret_check.py
 
@@ -14,7 +17,7 @@ import os
 import sys
 
 if os.environ.get("TRITON_INTERPRET") != "1":
-    sys.exit("set TRITON_INTERPRET=1 (the kernels module reads it at import)")
+    sys.exit("set TRITON_INTERPRET=1 (zeromismatch.ops.device reads it at import)")
 
 import numpy as np
 import torch
@@ -23,6 +26,7 @@ import triton.runtime.interpreter as interp
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "generator"))
 _dot = interp.InterpreterBuilder.create_dot
 
 
@@ -53,29 +57,52 @@ def _set_attr_np2(self, obj, name, value):
 interp._LangPatchScope.set_attr = _set_attr_np2
 
 
+def model_parity(mode):
+    """Engine generation (continuous batching, prefill pieces, chunk closes, a prefix-cache hit) vs the trainer's
+    packed forward on a micro model: (sequences whose logprobs are all equal, sequences)."""
+    from gen_helpers import MICRO, prompts_of
+    from zeromismatch.generator import Engine, SamplingParams
+    from zeromismatch.models.qwen3_5 import build_model
+    from zeromismatch.ops.logprob import token_logprobs
+
+    model = build_model("tiny", mode, seed=1, **MICRO).eval()
+    prompts = prompts_of([3, 66, 50, 130], seed=2)
+    prompts.append(prompts[1][:64] + [7, 8])  # shares a 64-token block with prompt 1
+    eng = Engine(model, max_slots=3, max_batched_tokens=80, max_model_len=256)
+    with torch.no_grad():
+        outs = eng.generate(prompts, [SamplingParams(max_new_tokens=20, seed=i) for i in range(len(prompts))])
+        seqs = [o.all_tokens for o in outs]
+        cu = [0]
+        for s in seqs:
+            cu.append(cu[-1] + len(s))
+        logits = model(torch.tensor([t for s in seqs for t in s]), cu)
+    equal = 0
+    for i, o in enumerate(outs):
+        p = len(o.prompt_ids)
+        lp = token_logprobs(logits[cu[i] + p - 1 : cu[i] + p - 1 + len(o.tokens)], torch.tensor(o.tokens))
+        equal += int(torch.equal(lp, o.logprob_tensor))
+    return equal, len(outs)
+
+
 def main():
     import test_gpu_kernels as t
 
     t.DEV = "cpu"
     t._gen = lambda seed=0: torch.Generator().manual_seed(seed)
-    from zeromismatch.kernels.gdn_chunk import chunk_fwd
-    from zeromismatch.ops.gdn.reference import chunk_fwd_torch
+    from zeromismatch.ops.gdn import CHUNK
+    from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton, chunk_fwd_triton
+    from zeromismatch.ops.gdn.naive import chunk_fwd
 
     q, k, v, g, beta = t._prepared_inputs(2, 2, 128, 128, 128, 1)
     s0 = torch.randn(2, 2, 128, 128, generator=t._gen(2)) * 0.1
-    o, st = chunk_fwd(q, k, v, g, beta, s0)
-    o64, st64 = chunk_fwd_torch(*(x.double() for x in (q, k, v, g, beta, s0)))
+    o, st = chunk_fwd_triton(q, k, v, g, beta, s0)
+    o64, st64 = chunk_fwd(*(x.double() for x in (q, k, v, g, beta, s0)))
     rel = float((o.double() - o64).norm() / o64.norm())
-    print(f"chunk_fwd vs float64: rel err {rel:.2e}")
+    print(f"chunk_fwd_triton vs float64: rel err {rel:.2e}")
     assert rel < 1e-5
-    from zeromismatch.kernels import gdn_chunk
-
-    gdn_chunk.DECODE = "dot"  # the loop-chain kernel is slow under the interpreter: compared to "dot" below
-    t.test_gdn_chunk_decode_equals_chunked_forward()
+    # the loop-chain kernel is slow under the interpreter: compared to "dot" below, on small dims
+    t.check_chunk_decode_equals_chunked_forward("dot")
     print("dot decode == chunked forward rows (bitwise, sequential-dot emulation): ok")
-    # the experimental loop-chain decode vs the dot decode, one step from random open-chunk rows (small dims)
-    from zeromismatch.kernels.gdn_chunk import CHUNK, chunk_decode
-
     n, h, d = 3, 2, 32
     g = t._gen(5)
     cache = {"ssm": torch.randn(n, h, d, d, generator=g), "ck": torch.randn(n, h, CHUNK, d, generator=g),
@@ -86,10 +113,14 @@ def main():
     for pos in ([0, 5, 63], [63, 1, 40]):
         a, b = ({k_: v_.clone() for k_, v_ in cache.items()} for _ in range(2))
         pos = torch.tensor(pos)
-        oa = chunk_decode(*xs, torch.arange(n), pos, a, variant="dot")
-        ob = chunk_decode(*xs, torch.arange(n), pos, b, variant="chain")
+        oa = chunk_decode_triton(*xs, torch.arange(n), pos, a, variant="dot")
+        ob = chunk_decode_triton(*xs, torch.arange(n), pos, b, variant="chain")
         assert torch.equal(oa, ob) and all(torch.equal(a[k_], b[k_]) for k_ in a), pos
     print("loop-chain decode == dot decode (output and every cache tensor): ok")
+    for mode in ("bi", "bi_chunk"):
+        equal, total = model_parity(mode)
+        print(f"{mode}: engine logprobs == trainer forward for {equal}/{total} sequences")
+        assert equal == total, mode
 
 
 if __name__ == "__main__":

@@ -114,15 +114,27 @@ def test_hit_on_a_sequence_reset_by_a_recompute_swap_does_not_leak(micro_model):
 
 def test_snapshots_hold_only_what_a_boundary_reads(micro_model):
     """A prefix snapshot is taken at a 64-token boundary, where bi_chunk's open chunk is empty: it holds the
-    conv and fp32 ssm state only (not the open-chunk rows, which on the GPU are 100s of KB per slot and head),
-    and the CUDA open-chunk rows are allocated on first use, fp32, outside snapshots."""
+    conv and fp32 ssm state only (not the open-chunk rows, which on the GPU are 100s of KB per slot and head).
+    The storage allocates, up front, exactly the state the mode's GDN backend declares: conv + ssm for stock
+    and bi, plus the open chunk for bi_chunk (on CUDA its rows, fp32, outside snapshots)."""
     model = micro_model("bi_chunk")
-    st = CacheStorage(model.config, max_slots=3, num_blocks=4)
+    gdn = model.numerics.gdn
+    for mode in ("stock", "bi"):
+        other = CacheStorage(model.config, micro_model(mode).numerics.gdn, max_slots=3, num_blocks=4)
+        assert all(set(st) == {"conv", "ssm"} for st in other.gdn.values())
+    cpu = CacheStorage(model.config, gdn, max_slots=3, num_blocks=4)
+    assert all(set(st) == {"conv", "ssm", "buf_qkv", "buf_g", "buf_beta"} for st in cpu.gdn.values())
+
+    class CudaLayout:  # bi_chunk's CUDA state layout, allocated on CPU tensors
+        def cache_spec(self, heads, device, dtype):
+            return gdn.cache_spec(heads, "cuda", dtype)
+
+    st = CacheStorage(model.config, CudaLayout(), max_slots=3, num_blocks=4)
     layer = next(iter(st.gdn))
-    assert "ck" not in st.gdn[layer]
     view = BatchCacheView(st, [2, 0], [[0], [1]])
-    tensors, slots = view.gdn_inplace(layer, open_chunk=True)
+    tensors, slots = view.gdn_slots(layer)
     assert slots.tolist() == [2, 0] and tensors is st.gdn[layer]
+    assert set(tensors) == {"conv", "ssm", "ck", "cv", "cg", "cb", "ct", "cu"}
     hv, dk, dv = st.gdn[layer]["ssm"].shape[1:]
     shapes = {n: tuple(tensors[n].shape) for n in ("ck", "cv", "cg", "cb", "ct", "cu")}
     assert shapes == {"ck": (3, hv, 64, dk), "cv": (3, hv, 64, dv), "cg": (3, hv, 64), "cb": (3, hv, 64),

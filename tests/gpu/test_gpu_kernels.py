@@ -14,7 +14,7 @@ def _gen(seed=0):
 
 @pytest.mark.parametrize("d", [128, 1024, 4096])
 def test_row_reduce_invariant(d):
-    from zeromismatch.kernels import mean_sq_last, sum_sq_last
+    from zeromismatch.ops.reduce import mean_sq_last, sum_sq_last
 
     x = torch.randn(3000, d, device=DEV, generator=_gen())
     full_m, full_s = mean_sq_last(x), sum_sq_last(x)
@@ -27,7 +27,7 @@ def test_row_reduce_invariant(d):
 @pytest.mark.parametrize("policy", ["fixed", "adaptive"])
 @pytest.mark.parametrize("k,n", [(256, 512), (1024, 8192), (1024, 32), (4096, 4096), (192, 1)])
 def test_linear_row_invariant(policy, k, n):
-    from zeromismatch.kernels.gemm import linear_raw
+    from zeromismatch.ops.linear.triton import linear_raw
 
     x = torch.randn(2048, k, device=DEV, generator=_gen(1)).bfloat16()
     w = (torch.randn(n, k, device=DEV, generator=_gen(2)) * 0.02).bfloat16()
@@ -39,7 +39,7 @@ def test_linear_row_invariant(policy, k, n):
 
 
 def test_linear_fp32_invariant_and_accurate():
-    from zeromismatch.kernels.gemm import linear_raw
+    from zeromismatch.ops.linear.triton import linear_raw
 
     x = torch.randn(600, 1024, device=DEV, generator=_gen(3))
     w = torch.randn(4096, 1024, device=DEV, generator=_gen(4)) * 0.02
@@ -52,7 +52,7 @@ def test_linear_fp32_invariant_and_accurate():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_bmm_batch_invariant(dtype):
-    from zeromismatch.kernels.bmm import bmm
+    from zeromismatch.ops.linear.bmm_triton import bmm
 
     a = torch.randn(300, 64, 256, device=DEV, generator=_gen(5)).to(dtype)
     b = torch.randn(300, 256, 320, device=DEV, generator=_gen(6)).to(dtype)
@@ -76,15 +76,15 @@ def _gdn_inputs(n, h=4, hv=8, dk=128, dv=128, seed=7):
 
 
 def test_gdn_recurrent_reference_and_invariance():
-    from zeromismatch.kernels.gdn_recurrent import gdn_recurrent_fwd
-    from zeromismatch.ops.gdn.reference import prepare_qk, recurrent_fwd
+    from zeromismatch.ops.gdn.naive import prepare_qk, recurrent_fwd
+    from zeromismatch.ops.gdn.recurrent_triton import recurrent_fwd_triton
 
     lens = [100, 1, 37, 250]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV, dtype=torch.int32)
     q, k, v, g, beta = _gdn_inputs(int(cu[-1]))
     hv, dk, dv = v.shape[1], q.shape[2], v.shape[2]
     state = torch.zeros(len(lens), hv, dk, dv, device=DEV)
-    o = gdn_recurrent_fwd(q, k, v, g, beta, cu, state)
+    o = recurrent_fwd_triton(q, k, v, g, beta, cu, state)
     for i in range(len(lens)):
         s, e = int(cu[i]), int(cu[i + 1])
         qq, kk = prepare_qk(q[None, s:e].double(), k[None, s:e].double(), hv)
@@ -97,7 +97,7 @@ def test_gdn_recurrent_reference_and_invariance():
         # alone == in the batch (bitwise)
         st1 = torch.zeros(1, hv, dk, dv, device=DEV)
         one = torch.tensor([0, e - s], device=DEV, dtype=torch.int32)
-        o1 = gdn_recurrent_fwd(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], one, st1)
+        o1 = recurrent_fwd_triton(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], one, st1)
         assert torch.equal(o1, o[s:e]) and torch.equal(st1[0], state[i])
     # split with the fp32 state carried, through cache slots (bitwise)
     s, e = int(cu[3]), int(cu[4])
@@ -106,20 +106,20 @@ def test_gdn_recurrent_reference_and_invariance():
     slot = torch.tensor([2], device=DEV)
     parts = []
     for a, bnd in ((s, s + 64), (s + 64, s + 65), (s + 65, e)):
-        parts.append(gdn_recurrent_fwd(q[a:bnd], k[a:bnd], v[a:bnd], g[a:bnd], beta[a:bnd],
+        parts.append(recurrent_fwd_triton(q[a:bnd], k[a:bnd], v[a:bnd], g[a:bnd], beta[a:bnd],
                                        torch.tensor([0, bnd - a], device=DEV, dtype=torch.int32), cache, slot))
     assert torch.equal(torch.cat(parts), o[s:e]) and torch.equal(cache[2], state[3])
 
 
 def test_gdn_recurrent_backward_matches_reference():
-    from zeromismatch.kernels.gdn_recurrent import _chunk_reference_packed, gdn_recurrent
+    from zeromismatch.ops.gdn.recurrent import chunk_reference_packed, recurrent_train_triton
 
     cu = [0, 70, 75, 200]
     q, k, v, g, beta = (x.detach().float().clone().requires_grad_(True) for x in _gdn_inputs(200, seed=9))
-    o = gdn_recurrent(q, k, v, g, beta, cu)
+    o = recurrent_train_triton(q, k, v, g, beta, cu)
     w = torch.randn_like(o)
     grads = torch.autograd.grad((o * w).sum(), (q, k, v, g, beta))
-    o_ref = _chunk_reference_packed(q, k, v, g, beta, cu)
+    o_ref = chunk_reference_packed(q, k, v, g, beta, cu)
     torch.testing.assert_close(o, o_ref, rtol=1e-4, atol=1e-4)
     grads_ref = torch.autograd.grad((o_ref * w).sum(), (q, k, v, g, beta))
     for a, b in zip(grads, grads_ref):
@@ -127,8 +127,8 @@ def test_gdn_recurrent_backward_matches_reference():
 
 
 def test_gdn_chunk_cuda_reference_prefix_and_batch():
-    from zeromismatch.kernels.gdn_chunk import chunk_fwd
-    from zeromismatch.ops.gdn.reference import chunk_fwd_torch
+    from zeromismatch.ops.gdn.chunk_triton import chunk_fwd_triton
+    from zeromismatch.ops.gdn.naive import chunk_fwd
 
     g = _gen(11)
     b, h, t, dk, dv = 3, 4, 192, 128, 128
@@ -138,11 +138,11 @@ def test_gdn_chunk_cuda_reference_prefix_and_batch():
     gg = -torch.rand(b, h, t, device=DEV, generator=g) * 0.3
     beta = torch.rand(b, h, t, device=DEV, generator=g)
     s0 = torch.randn(b, h, dk, dv, device=DEV, generator=g) * 0.1
-    o, st = chunk_fwd(q, k, v, gg, beta, s0)
-    o64, st64 = chunk_fwd_torch(*(x.double() for x in (q, k, v, gg, beta, s0)))
+    o, st = chunk_fwd_triton(q, k, v, gg, beta, s0)
+    o64, st64 = chunk_fwd(*(x.double() for x in (q, k, v, gg, beta, s0)))
     assert ((o.double() - o64).norm() / o64.norm()).item() < 1e-5
     assert ((st.double() - st64).norm() / st64.norm()).item() < 1e-5
-    o1, st1 = chunk_fwd(q[1:2], k[1:2], v[1:2], gg[1:2], beta[1:2], s0[1:2])
+    o1, st1 = chunk_fwd_triton(q[1:2], k[1:2], v[1:2], gg[1:2], beta[1:2], s0[1:2])
     assert torch.equal(o1, o[1:2]) and torch.equal(st1, st[1:2])
     for r in (1, 17, 63):  # a zero-padded open chunk from the boundary state gives the same rows
         sl = slice(128, 128 + r)
@@ -152,7 +152,7 @@ def test_gdn_chunk_cuda_reference_prefix_and_batch():
             y[:, :, :r] = x[:, :, sl]
             return y
 
-        op, _ = chunk_fwd(pad(q), pad(k), pad(v), pad(gg), pad(beta), st[:, :, 2])
+        op, _ = chunk_fwd_triton(pad(q), pad(k), pad(v), pad(gg), pad(beta), st[:, :, 2])
         assert torch.equal(op[:, :, :r], o[:, :, sl]), r
 
 
@@ -167,18 +167,26 @@ def _prepared_inputs(b, h, t, dk, dv, seed):
 
 
 def test_gdn_chunk_decode_equals_chunked_forward():
-    """bi_chunk's fused decode step == the trainer's chunked forward, bit for bit: 4 sequences in 4 of 8 cache
-    slots, each prefilled to a different length (0, 5, 63, 81 tokens: boundary state + open-chunk rows stored
-    from chunk_fwd(return_rows=True)), then decoded together token by token (every position in the open chunk,
-    chunk closes included) to 200 tokens; rows and final states compared with torch.equal; other slots untouched."""
-    from zeromismatch.kernels.gdn_chunk import CHUNK, chunk_decode, chunk_fwd
+    """bi_chunk's fused decode step (the default kernel) == the trainer's chunked forward, bit for bit."""
+    from zeromismatch.ops.gdn import DEFAULT_CHUNK_DECODE
+
+    check_chunk_decode_equals_chunked_forward(DEFAULT_CHUNK_DECODE)
+
+
+def check_chunk_decode_equals_chunked_forward(variant):
+    """4 sequences in 4 of 8 cache slots, each prefilled to a different length (0, 5, 63, 81 tokens: boundary
+    state + open-chunk rows stored from chunk_fwd_triton(return_rows=True)), then decoded together token by token
+    with the `variant` decode kernel (every position in the open chunk, chunk closes included) to 200 tokens;
+    rows and final states compared with torch.equal; other slots untouched."""
+    from zeromismatch.ops.gdn import CHUNK
+    from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton, chunk_fwd_triton
 
     b, h, dk, dv, total = 4, 4, 128, 128, 200
     q, k, v, gg, beta = _prepared_inputs(b, h, 256, dk, dv, 21)
     for x in (q, k, v, gg, beta):
         x[:, :, total:] = 0  # the trainer's zero padding
     s0 = torch.zeros(b, h, dk, dv, device=DEV)
-    o_ref, st_ref = chunk_fwd(q, k, v, gg, beta, s0)
+    o_ref, st_ref = chunk_fwd_triton(q, k, v, gg, beta, s0)
 
     slots = torch.tensor([5, 2, 7, 0], device=DEV)
     n_slots = 8
@@ -197,7 +205,7 @@ def test_gdn_chunk_decode_equals_chunked_forward():
         xs = [x[i : i + 1, :, :width].clone() for x in (q, k, v, gg, beta)]
         for x in xs:
             x[:, :, p:] = 0
-        _, st, tm, u = chunk_fwd(*xs, s0[i : i + 1], return_rows=True)
+        _, st, tm, u = chunk_fwd_triton(*xs, s0[i : i + 1], return_rows=True)
         full, sl = p // CHUNK, slice(p // CHUNK * CHUNK, p // CHUNK * CHUNK + CHUNK)
         s = slots[i]
         cache["ssm"][s] = st[0, :, full]
@@ -212,7 +220,7 @@ def test_gdn_chunk_decode_equals_chunked_forward():
             break
         p = pos[live]
         qt, kt, vt, gt, bt = (x[live, :, p] for x in (q, k, v, gg, beta))  # [n, HV, ...]
-        o = chunk_decode(qt, kt, vt, gt, bt, slots[live], p % CHUNK, cache)
+        o = chunk_decode_triton(qt, kt, vt, gt, bt, slots[live], p % CHUNK, cache, variant=variant)
         for j, i in enumerate(live.tolist()):
             out[i, :, pos[i]] = o[j]
         pos[live] += 1
@@ -225,14 +233,15 @@ def test_gdn_chunk_decode_equals_chunked_forward():
 
 
 def test_gdn_chunk_cuda_grad_matches_reference():
-    from zeromismatch.ops.gdn.reference import chunk_fwd, chunk_fwd_torch
+    from zeromismatch.ops.gdn.aligned_chunk import chunk_train_triton
+    from zeromismatch.ops.gdn.naive import chunk_fwd
 
     q, k, v, gg, beta = (x.requires_grad_() for x in _prepared_inputs(2, 2, 128, 128, 128, 22))
     s0 = torch.zeros(2, 2, 128, 128, device=DEV)
-    o, _ = chunk_fwd(q, k, v, gg, beta, s0)
+    o = chunk_train_triton(q, k, v, gg, beta, s0)
     w = torch.randn_like(o)
     grads = torch.autograd.grad((o * w).sum(), (q, k, v, gg, beta))
-    o_ref, _ = chunk_fwd_torch(q, k, v, gg, beta, s0)
+    o_ref, _ = chunk_fwd(q, k, v, gg, beta, s0)
     torch.testing.assert_close(o, o_ref, rtol=1e-4, atol=1e-4)
     grads_ref = torch.autograd.grad((o_ref * w).sum(), (q, k, v, gg, beta))
     for a, b_ in zip(grads, grads_ref):
@@ -243,7 +252,8 @@ def test_gdn_chunk_cuda_grad_matches_reference():
 def test_gdn_chunk_decode_kernels_agree(t):
     """The loop-chain decode kernel (default) == the dot decode kernel (the trainer's construct), output and
     every cache tensor, from random open-chunk rows (relies on tl.dot's fp32 lowering being a fused FMA chain)."""
-    from zeromismatch.kernels.gdn_chunk import CHUNK, chunk_decode
+    from zeromismatch.ops.gdn import CHUNK
+    from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton
 
     n, h, d = 6, 4, 128
     g = _gen(30 + t)
@@ -255,8 +265,8 @@ def test_gdn_chunk_decode_kernels_agree(t):
     xs = [x[:, :, 0] for x in _prepared_inputs(n, h, 1, d, d, 31)]
     slots, pos = torch.arange(n, device=DEV), torch.full((n,), t, device=DEV)
     a, b = ({k: v.clone() for k, v in cache.items()} for _ in range(2))
-    oa = chunk_decode(*xs, slots, pos, a, variant="dot")
-    ob = chunk_decode(*xs, slots, pos, b, variant="chain")
+    oa = chunk_decode_triton(*xs, slots, pos, a, variant="dot")
+    ob = chunk_decode_triton(*xs, slots, pos, b, variant="chain")
     assert torch.equal(oa, ob)
     for k in a:
         assert torch.equal(a[k], b[k]), k

@@ -1,22 +1,22 @@
 import torch
 import torch.nn.functional as F
 
-from zeromismatch.ops import invariant
+from zeromismatch.ops import activations
 from zeromismatch.ops.conv import causal_conv
 
 
 def test_step_equals_full_sequence_bitwise():
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(3, 50, 40, generator=g), torch.randn(40, 4, generator=g)
-    full, _ = causal_conv(x, w, activation=invariant.silu)
+    full, _ = causal_conv(x, w, activation=activations.silu)
     state, steps = None, []
     for t in range(50):
-        y, state = causal_conv(x[:, t : t + 1], w, state, activation=invariant.silu)
+        y, state = causal_conv(x[:, t : t + 1], w, state, activation=activations.silu)
         steps.append(y)
     assert torch.equal(torch.cat(steps, 1), full)
     # and arbitrary splits with the carried state
-    a, st = causal_conv(x[:, :17], w, activation=invariant.silu)
-    b, _ = causal_conv(x[:, 17:], w, st, activation=invariant.silu)
+    a, st = causal_conv(x[:, :17], w, activation=activations.silu)
+    b, _ = causal_conv(x[:, 17:], w, st, activation=activations.silu)
     assert torch.equal(torch.cat([a, b], 1), full)
 
 

@@ -1,19 +1,24 @@
 """Gated delta rule references: recurrent vs chunked agree (fp32 rounding), packing never leaks state,
-the chunked form is prefix-stable (the basis of bi_chunk decoding), the bi training op's gradients."""
+the chunked form is prefix-stable (the basis of bi_chunk decoding), the bi training op's gradients; the chunk
+length agrees with the generator's cache blocks and the attention key block."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from zeromismatch.ops.gdn import (
-    CHUNK,
+from zeromismatch.generator.cache import BLOCK_SIZE
+from zeromismatch.ops.attention import BLOCK
+from zeromismatch.ops.gdn import CHUNK
+from zeromismatch.ops.gdn.naive import (
+    chunk_final_states,
     chunk_fwd,
     chunk_gated_delta_rule,
     prepare_qk,
     recurrent_fwd,
     recurrent_gated_delta_rule,
+    to_chunks,
 )
-from zeromismatch.ops.gdn.autograd import gdn_recurrent_train
+from zeromismatch.ops.gdn.recurrent import recurrent_train
 
 
 def inputs(b=2, t=150, h=2, hv=4, dk=32, dv=32, seed=0):
@@ -59,12 +64,12 @@ def test_gradients_recurrent_vs_chunked_and_bi_op():
     pad = lambda x: F.pad(x, (0, 0, 0, 48) if x.dim() == 4 else (0, 48))
     g_rec = grads(lambda *a: recurrent_fwd(*a, s0)[0])
     g_chunk = grads(lambda *a: chunk_fwd(*(pad(x) for x in a), s0)[0][:, :, :80])
-    g_bi = grads(lambda *a: gdn_recurrent_train(*a, s0))
+    g_bi = grads(lambda *a: recurrent_train(*a, s0))
     for a, b, c in zip(g_rec, g_chunk, g_bi):
         assert rel(b, a) < 1e-5
         assert torch.equal(c, b)  # the bi op's backward IS the chunked backward
     # and its forward IS the recurrent forward
-    assert torch.equal(gdn_recurrent_train(*leaves, s0), recurrent_fwd(*leaves, s0)[0])
+    assert torch.equal(recurrent_train(*leaves, s0), recurrent_fwd(*leaves, s0)[0])
 
 
 @pytest.mark.parametrize("fn", [recurrent_gated_delta_rule, chunk_gated_delta_rule])
@@ -103,11 +108,9 @@ def test_recurrent_rows_independent():
     assert torch.equal(o[2:3], o1) and torch.equal(s[2:3], s1)
 
 
-def test_chunk_final_states_takes_the_chunked_form_given():
-    """chunk_final_states(fwd=...) (stock's generator passes torch's form on the GPU): the same states as the
-    default on CPU, where both are chunk_fwd_torch; a wrong fwd is really called."""
-    from zeromismatch.ops.gdn.reference import chunk_final_states, chunk_fwd, chunk_fwd_torch, to_chunks
-
+def test_chunk_final_states_equal_each_row_run_alone():
+    """chunk_final_states (stock's prefill state): the state after each row's last valid token, from the batch's
+    boundary states, equals the chunked form run over that row alone, cut at its length (bitwise)."""
     torch.manual_seed(3)
     b, h, t, d = 2, 2, 100, 16
     q = torch.nn.functional.normalize(torch.randn(b, h, t, d), dim=-1) * d**-0.5
@@ -116,14 +119,14 @@ def test_chunk_final_states_takes_the_chunked_form_given():
     padded = to_chunks(q, k, v, g, beta)
     _, states = chunk_fwd(*padded, torch.zeros(b, h, d, d))
     lengths = torch.tensor([100, 37])
-    a = chunk_final_states(*padded, states, lengths)
-    bb = chunk_final_states(*padded, states, lengths, fwd=chunk_fwd_torch)
-    assert torch.equal(a, bb)
-    calls = []
+    finals = chunk_final_states(*padded, states, lengths)
+    for i, n in enumerate(lengths.tolist()):
+        alone = to_chunks(*(x[i : i + 1, :, :n] for x in (q, k, v, g, beta)))
+        _, st = chunk_fwd(*alone, torch.zeros(1, h, d, d))
+        assert torch.equal(finals[i], st[0, :, -1]), i
 
-    def spy(*xs):
-        calls.append(1)
-        return chunk_fwd_torch(*xs)
 
-    chunk_final_states(*padded, states, lengths, fwd=spy)
-    assert len(calls) == 2  # both rows end inside a chunk
+def test_chunk_agrees_with_cache_and_attention_blocks():
+    """A prefix-cache hit (whole cache blocks) lands on a GDN chunk boundary, and a query's cache blocks cover its
+    attention key block."""
+    assert BLOCK_SIZE % CHUNK == 0 and BLOCK_SIZE % BLOCK == 0

@@ -1,10 +1,9 @@
-"""Cache storage: fp32 GDN state per sequence slot and attention KV in fixed 64-token blocks.
+"""Cache storage: per-slot GDN state and attention KV in fixed 64-token blocks.
 
-GDN state per slot (per GDN layer): conv = last W-1 conv inputs; ssm = fp32 state (bi_chunk: the state at
-the last 64-token boundary); the open chunk's rows (bi_chunk only): on CPU buf_* = per-token inputs (conv
-outputs, g, beta), recomputed through the chunked form each call; on CUDA ck/cv/cg/cb/ct/cu = the rows the
-fused decode kernel reads and appends (prepared k, v, g, beta, rows of (I + A)^-1, u; fp32, allocated on first
-use). A bf16 state would be rounded at every decode token; the state stays fp32 in every mode.
+GDN state per slot and GDN layer: conv = the last W-1 conv inputs, plus exactly the tensors the mode's GDN
+backend declares (`cache_spec`, ops/gdn): the fp32 ssm state for every mode; for bi_chunk also the open
+chunk (aligned_chunk.py says what each device path keeps). A bf16 state would be rounded at every decode
+token; the state stays fp32 in every mode.
 
 Snapshots (prefix cache) are taken at 64-token boundaries, where the open chunk is empty: they hold conv and
 ssm only.
@@ -14,47 +13,35 @@ from __future__ import annotations
 
 import torch
 
-from ..models.layout import SeqLayout
-from ..ops.gdn import CHUNK
+from ..ops.attention import BLOCK as ATTENTION_BLOCK
+from ..ops.gdn import CHUNK, GDNBackend, GDNHeads
+from ..ops.varlen import SeqLayout
 
-BLOCK_SIZE = 64  # multiple of the GDN chunk, so prefix-cache hits land on chunk boundaries
+BLOCK_SIZE = 64
+# a prefix-cache hit lands on a GDN chunk boundary (the open chunk is empty there: snapshots hold conv + ssm),
+# and the blocks read for a query cover its whole attention key block (read_kv's keys need no padding)
+assert BLOCK_SIZE % CHUNK == 0 and BLOCK_SIZE % ATTENTION_BLOCK == 0, (BLOCK_SIZE, CHUNK, ATTENTION_BLOCK)
 SNAPSHOT_KEYS = ("conv", "ssm")  # at a chunk boundary nothing else is read
 
 
 class CacheStorage:
-    def __init__(self, cfg, max_slots: int, num_blocks: int, device="cpu", dtype=torch.float32):
+    """Per-slot GDN state of every GDN layer and the paged KV blocks of every attention layer, allocated up front.
+    gdn: the mode's GDN backend (model.numerics.gdn), which declares its per-slot state."""
+
+    def __init__(self, cfg, gdn: GDNBackend, max_slots: int, num_blocks: int, device="cpu", dtype=torch.float32):
         self.max_slots, self.num_blocks = max_slots, num_blocks
         self.gdn: dict[int, dict[str, torch.Tensor]] = {}
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
-        conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
-        hv = cfg.linear_num_value_heads
+        heads = GDNHeads.from_config(cfg)
+        spec = {"conv": ((cfg.linear_conv_kernel_dim - 1, heads.conv_dim), dtype), **gdn.cache_spec(heads, device, dtype)}
         for i, kind in enumerate(cfg.layer_types):
             if kind == "linear_attention":
-                self.gdn[i] = {
-                    "conv": torch.zeros(max_slots, cfg.linear_conv_kernel_dim - 1, conv_dim, device=device, dtype=dtype),
-                    "ssm": torch.zeros(max_slots, hv, cfg.linear_key_head_dim, cfg.linear_value_head_dim, device=device, dtype=torch.float32),
-                    "buf_qkv": torch.zeros(max_slots, CHUNK, conv_dim, device=device, dtype=dtype),
-                    "buf_g": torch.zeros(max_slots, CHUNK, hv, device=device, dtype=torch.float32),
-                    "buf_beta": torch.zeros(max_slots, CHUNK, hv, device=device, dtype=torch.float32),
-                }
+                self.gdn[i] = {n: torch.zeros(max_slots, *shape, device=device, dtype=dt) for n, (shape, dt) in spec.items()}
             else:
                 shape = (num_blocks, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim)
                 self.k[i] = torch.zeros(shape, device=device, dtype=dtype)
                 self.v[i] = torch.zeros(shape, device=device, dtype=dtype)
-
-    def open_chunk_rows(self, layer_idx: int) -> None:
-        """Allocate the CUDA bi_chunk open-chunk rows of one layer (fp32 [slots, HV, 64, ...])."""
-        st = self.gdn[layer_idx]
-        if "ck" in st:
-            return
-        slots, hv, dk, dv = st["ssm"].shape
-        f32 = dict(device=st["ssm"].device, dtype=torch.float32)
-        st.update(
-            ck=torch.zeros(slots, hv, CHUNK, dk, **f32), cv=torch.zeros(slots, hv, CHUNK, dv, **f32),
-            cg=torch.zeros(slots, hv, CHUNK, **f32), cb=torch.zeros(slots, hv, CHUNK, **f32),
-            ct=torch.zeros(slots, hv, CHUNK, CHUNK, **f32), cu=torch.zeros(slots, hv, CHUNK, dv, **f32),
-        )
 
     def reset_slot(self, slot: int) -> None:
         for state in self.gdn.values():
@@ -96,14 +83,12 @@ class BatchCacheView:
         self.tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], device=device)
 
     def gdn_state(self, layer_idx: int) -> dict[str, torch.Tensor]:
+        """This batch's rows of the layer's state tensors, each gathered on first access."""
         return _Gather(self.s.gdn[layer_idx], self.slots)
 
-    def gdn_inplace(self, layer_idx: int, open_chunk: bool = False) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def gdn_slots(self, layer_idx: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """(the layer's whole per-slot tensors, this batch's slot indices): for kernels that read and update the
-        state in place (the GPU recurrent GDN, the bi_chunk decode) instead of gather + scatter. open_chunk:
-        make sure the bi_chunk open-chunk rows exist."""
-        if open_chunk:
-            self.s.open_chunk_rows(layer_idx)
+        state in place (the CUDA recurrent GDN, the bi_chunk decode) instead of gather + scatter."""
         return self.s.gdn[layer_idx], self.slots
 
     def set_gdn_state(self, layer_idx: int, state: dict[str, torch.Tensor]) -> None:

@@ -62,7 +62,7 @@ class Engine:
         blocks_per_seq = (max_model_len + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.num_blocks = num_blocks or max_slots * blocks_per_seq + 64
         # the one CacheStorage, shared by the cache manager (slots, blocks, snapshots) and the model runner
-        self.storage = CacheStorage(model.config, max_slots, self.num_blocks, self.device, dtype)
+        self.storage = CacheStorage(model.config, model.numerics.gdn, max_slots, self.num_blocks, self.device, dtype)
         self.kv = KVCacheManager(self.storage, max_slots, self.num_blocks, prefix_caching)
         self.runner = ModelRunner(model, self.storage, self.device)
         self.swap_policy = swap_policy

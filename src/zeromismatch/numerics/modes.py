@@ -1,85 +1,93 @@
 """Numerics modes: each is one coherent set of choices for trainer AND generator.
 
-| mode     | GDN trainer fwd / bwd     | GDN generator prefill / decode           | linear, acts, attention   |
-|----------|---------------------------|------------------------------------------|---------------------------|
-| stock    | chunked / chunked         | chunked / recurrent step                 | plain torch, SDPA         |
-| bi       | recurrent / chunked (op)  | recurrent / recurrent step               | batch-invariant, blocked  |
-| bi_chunk | chunked / chunked         | chunked, aligned to 64-token boundaries  | batch-invariant, blocked  |
-|          |                           | from the sequence start; decode = the    |                           |
-|          |                           | chunked form's row t (see below)         |                           |
+| mode     | GDN backend (ops/gdn)       | trainer fwd / bwd  | generator prefill / decode             | linear, acts, attention  |
+|----------|-----------------------------|--------------------|----------------------------------------|--------------------------|
+| stock    | ChunkGDN (chunk.py)         | chunked / chunked  | chunked / recurrent step               | plain torch, SDPA        |
+| bi       | RecurrentGDN (recurrent.py) | recurrent / chunked| recurrent / recurrent step             | batch-invariant, blocked |
+| bi_chunk | AlignedChunkGDN             | chunked / chunked  | chunked, aligned to 64-token chunks    | batch-invariant, blocked |
+|          | (aligned_chunk.py)          |                    | from the sequence start; decode = the  |                          |
+|          |                             |                    | chunked form's row t                   |                          |
 
 `bi` is the published method. `bi_chunk` is ours: the trainer keeps the chunked forward and the generator
-decodes chunk-consistently. Decode on CPU recomputes the open chunk from the boundary state each token; on
-CUDA one fused kernel appends a row to the open chunk (kernels/gdn_chunk.py: the trainer's chunked kernels
-and the decode step share one arithmetic, so row t is the same bits). Measured cost (README, results/): on
-the CPU the trainer pays the same as `bi`; on the H200 our fp32 chunked kernels are slower than `bi`'s
-recurrent kernel, so there `bi` is the faster mode.
+decodes chunk-consistently. Measured cost (README, results/): on the CPU the trainer pays the same as `bi`; on
+the H200 our fp32 chunked kernels are slower than `bi`'s recurrent kernel, so there `bi` is the faster mode.
 
-Device dispatch: the invariant modes' callables branch on `x.is_cuda`. On CPU they are the plain-torch
-formulations of ops/invariant.py, unchanged; on CUDA they run kernels/ (Triton GEMM with a fixed K order,
-batch-count-invariant bmm for the blocked attention). Row reductions, the chunked GDN and the recurrent GDN
-dispatch by device inside the model / ops (kernels/__init__.py says why).
+Every invariant op dispatches by device itself (ops/device.py): the plain-torch CPU form, or the Triton form on
+CUDA. Two kernel policies come from conf/numerics and travel in the Numerics object (`describe()` lists them):
+- gemm_policy (ops/linear/triton.py): the CUDA GEMM's tile policy, fixed | adaptive | hybrid
+- chunk_decode (ops/gdn/chunk_triton.py): bi_chunk's CUDA decode kernel, chain | dot (| chain_mul_add)
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Callable
+from functools import partial
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from ..kernels import on_gpu
-from ..ops import invariant
+from ..ops import activations
+from ..ops import linear as invariant_linear
 from ..ops.attention import blocked_attention, sdpa_attention
+from ..ops.gdn import CHUNK_DECODE_KERNELS, DEFAULT_CHUNK_DECODE, AlignedChunkGDN, ChunkGDN, GDNBackend, RecurrentGDN
+from ..ops.linear import DEFAULT_GEMM_POLICY, GEMM_POLICIES
 
 MODES = ("stock", "bi", "bi_chunk")
-
-
-def _bi_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if on_gpu(x):
-        from ..kernels.gemm import linear as cuda_linear
-
-        return cuda_linear(x, weight)
-    return invariant.linear(x, weight)
-
-
-def _bi_attention(q, k, v, q_pos, scale):
-    if on_gpu(q):
-        from ..kernels.bmm import bmm
-
-        return blocked_attention(q, k, v, q_pos, scale, matmul=bmm)
-    return blocked_attention(q, k, v, q_pos, scale)
+POLICY_KEYS = ("gemm_policy", "chunk_decode")
 
 
 @dataclass(frozen=True)
 class Numerics:
     name: str
-    gdn_form: str  # "chunk" | "recurrent" | "aligned_chunk"
+    gdn: GDNBackend  # the model calls it for every GDN layer (train without a cache, cached with one)
     linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     silu: Callable[[torch.Tensor], torch.Tensor]
     sigmoid: Callable[[torch.Tensor], torch.Tensor]
     softplus: Callable[[torch.Tensor], torch.Tensor]
     attention: Callable[..., torch.Tensor]
+    gemm_policy: str = DEFAULT_GEMM_POLICY
+    chunk_decode: str = DEFAULT_CHUNK_DECODE
 
-    @property
-    def invariant(self) -> bool:
-        return self.name != "stock"
+    def describe(self) -> dict[str, str]:
+        """The mode and its kernel policies, as plain values (for run logs and results JSON)."""
+        return {"name": self.name, "gdn": self.gdn.name, "gemm_policy": self.gemm_policy, "chunk_decode": self.chunk_decode}
 
 
-def get_numerics(name: str | Numerics) -> Numerics:
-    if isinstance(name, Numerics):
-        return name
+def get_numerics(spec: str | Numerics | Mapping[str, Any] = "stock") -> Numerics:
+    """A Numerics from a mode name, a Numerics (returned as is), or a mapping like conf/numerics/<mode>.yaml
+    (`{name, gemm_policy, chunk_decode}`; a DictConfig works)."""
+    if isinstance(spec, Numerics):
+        return spec
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"numerics must be a mode name, a Numerics or a mapping, got {type(spec).__name__}")
+    options = dict(spec)
+    name = options.pop("name", None)
+    unknown = sorted(set(options) - set(POLICY_KEYS))
+    if unknown:
+        raise ValueError(f"unknown numerics keys {unknown}; known: name, {', '.join(POLICY_KEYS)}")
+    gemm_policy = options.get("gemm_policy") or DEFAULT_GEMM_POLICY
+    chunk_decode = options.get("chunk_decode") or DEFAULT_CHUNK_DECODE
+    if gemm_policy not in GEMM_POLICIES:
+        raise ValueError(f"gemm_policy must be one of {GEMM_POLICIES}, got {gemm_policy!r}")
+    if chunk_decode not in CHUNK_DECODE_KERNELS:
+        raise ValueError(f"chunk_decode must be one of {CHUNK_DECODE_KERNELS}, got {chunk_decode!r}")
+    policies = dict(gemm_policy=gemm_policy, chunk_decode=chunk_decode)
     if name == "stock":
-        return Numerics("stock", "chunk", F.linear, F.silu, torch.sigmoid, F.softplus, sdpa_attention)
+        return Numerics("stock", ChunkGDN(), F.linear, F.silu, torch.sigmoid, F.softplus, sdpa_attention, **policies)
     if name in ("bi", "bi_chunk"):
+        gdn = RecurrentGDN() if name == "bi" else AlignedChunkGDN(decode_kernel=chunk_decode)
         return Numerics(
             name,
-            "recurrent" if name == "bi" else "aligned_chunk",
-            _bi_linear,
-            invariant.silu,
-            invariant.sigmoid,
-            invariant.softplus,
-            _bi_attention,
+            gdn,
+            partial(invariant_linear.linear, policy=gemm_policy),
+            activations.silu,
+            activations.sigmoid,
+            activations.softplus,
+            partial(blocked_attention, matmul=invariant_linear.bmm),
+            **policies,
         )
     raise ValueError(f"numerics must be one of {MODES}, got {name!r}")

@@ -1,8 +1,13 @@
-"""Op families. Each folder holds a plain-torch reference; fast kernels live beside it and are tested against it.
+"""Op families. Each folder holds the plain-torch CPU form beside its CUDA (Triton) form; the CUDA modules are
+imported lazily (CPU machines have no triton) and are tested against the torch forms.
 
-- invariant.py   batch-invariant building blocks (linear, activations) for the `bi` / `bi_chunk` modes
+- device.py      which form a tensor takes (on_gpu), CUDA settings the invariant kernels assume
+- varlen.py      packed <-> padded token layouts of a varlen call (SeqLayout)
+- linear/        batch-invariant GEMM and bmm (the `bi` / `bi_chunk` projections and attention matmuls)
+- reduce/        row-count-invariant row reductions (norms)
+- activations.py batch-invariant sigmoid / silu / softplus
 - conv.py        causal depthwise conv: one implementation for the full sequence and the one-token step
-- gdn/           gated delta rule: recurrent and chunked forms, varlen, states in fp32
+- gdn/           gated delta rule: the reference forms, one backend per GDN form, the Triton kernels
 - attention/     causal GQA attention: a batch-invariant blocked form and the stock SDPA form
 - logprob.py     the one token-logprob op shared by trainer and generator
 """

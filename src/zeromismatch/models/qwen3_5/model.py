@@ -4,22 +4,23 @@ both the trainer (packed sequences, no cache) and the generator (prefill / decod
 Parameter names and shapes follow the published checkpoints (transformers' Qwen3_5ForCausalLM /
 Qwen3_5MoeForCausalLM), so `checkpoint.py` maps files onto this module one to one.
 
-Numerics (which linear, activations, attention and GDN form) come from `numerics.get_numerics`; the model
-never branches on trainer vs generator except where a mode prescribes it (stock decodes GDN recurrently).
+Numerics (which linear, activations, attention and GDN backend) come from `numerics.get_numerics`; the model
+never branches on the mode or the device: each op and the GDN backend do (ops/).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn
 
-from ...kernels import mean_sq_last, on_gpu, sum_last
 from ...numerics import Numerics, get_numerics
 from ...ops.conv import causal_conv
-from ...ops.gdn import CHUNK, chunk_final_states, chunk_fwd, chunk_fwd_torch, prepare_qk, recurrent_fwd, to_chunks
-from ...ops.gdn.autograd import gdn_recurrent_train
+from ...ops.gdn import GDNHeads
+from ...ops.reduce import mean_sq_last, sum_last
 from ..layout import ForwardContext, SeqLayout
 from .config import Qwen35Config
 
@@ -67,13 +68,15 @@ class Linear(nn.Linear):
 
 
 class GatedDeltaNet(nn.Module):
+    """Projections, the causal conv and the output norm; the core (the delta rule over the new tokens, from and
+    into the generator's cache when there is one) is the numerics mode's GDN backend (ops/gdn)."""
+
     def __init__(self, cfg: Qwen35Config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.h, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        self.key_dim, self.value_dim = self.h * self.dk, self.hv * self.dv
-        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.heads = GDNHeads.from_config(cfg)
+        self.hv, self.dv = self.heads.num_v_heads, self.heads.v_dim
+        self.value_dim, self.conv_dim = self.heads.value_dim, self.heads.conv_dim
         self.in_proj_qkv = Linear(cfg.hidden_size, self.conv_dim)
         self.in_proj_z = Linear(cfg.hidden_size, self.value_dim)
         self.in_proj_b = Linear(cfg.hidden_size, self.hv)
@@ -86,191 +89,27 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = Linear(self.value_dim, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, nx: Numerics) -> torch.Tensor:
-        lay, name = ctx.layout, f"layers.{self.layer_idx}.gdn"
+        lay, name, cache = ctx.layout, f"layers.{self.layer_idx}.gdn", ctx.cache
         qkv = self.in_proj_qkv(x, nx)
         z = self.in_proj_z(x, nx)
         beta = nx.sigmoid(self.in_proj_b(x, nx).float())
         g = -torch.exp(self.A_log.float()) * nx.softplus(self.in_proj_a(x, nx).float() + self.dt_bias.float())
         ctx.record(f"{name}.in_proj", qkv)
 
-        cache = ctx.cache.gdn_state(self.layer_idx) if ctx.cache is not None else None
         conv_w = self.conv1d.weight.squeeze(1)
-        y, conv_state = causal_conv(
-            lay.to_padded(qkv), conv_w, None if cache is None else cache["conv"], nx.silu, lay.lengths
-        )
+        conv_in = None if cache is None else cache.gdn_state(self.layer_idx)["conv"]
+        y, conv_state = causal_conv(lay.to_padded(qkv), conv_w, conv_in, nx.silu, lay.lengths)
         mixed = lay.to_packed(y)
         ctx.record(f"{name}.conv", mixed)
 
-        o, new_state = self._core(mixed, g, beta, lay, nx, cache, ctx.cache)
+        o = nx.gdn(mixed, g, beta, self.heads, lay, cache, self.layer_idx)  # [N, HV, V] fp32
         if cache is not None:
-            ctx.cache.set_gdn_state(self.layer_idx, {"conv": conv_state, **new_state})
+            cache.set_gdn_state(self.layer_idx, {"conv": conv_state})
         ctx.record(f"{name}.core", o)
 
         n = x.shape[0]
         o = self.norm(o.reshape(n * self.hv, self.dv).to(x.dtype), z.reshape(n * self.hv, self.dv), nx.silu)
         return self.out_proj(o.reshape(n, self.value_dim), nx)
-
-    def _split(self, mixed: torch.Tensor):
-        """[..., C] -> q, k [..., H, K], v [..., HV, V]."""
-        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        lead = mixed.shape[:-1]
-        return q.reshape(*lead, self.h, self.dk), k.reshape(*lead, self.h, self.dk), v.reshape(*lead, self.hv, self.dv)
-
-    def _prep(self, mixed_p, g_p, beta_p):
-        """Padded [B, L, C], [B, L, HV] -> kernel layout [B, HV, L, D] fp32."""
-        q, k, v = self._split(mixed_p)
-        q, k = prepare_qk(q, k, self.hv)
-        v, g, beta = (t.float().transpose(1, 2).contiguous() for t in (v, g_p, beta_p))
-        return q, k, v, g, beta
-
-    def _core(self, mixed, g, beta, lay: SeqLayout, nx: Numerics, cache, cache_view=None):
-        """GDN over the new tokens. Returns (o [N, HV, V] fp32, cache entries to store)."""
-        b = lay.num_seqs
-        if cache is None and nx.gdn_form == "recurrent" and on_gpu(mixed):
-            # bi on the GPU: the Triton recurrent kernel on packed raw q/k/v (chunked backward)
-            from ...kernels.gdn_recurrent import gdn_recurrent
-
-            return gdn_recurrent(*self._split(mixed), g, beta, lay.cu_seqlens), {}
-        if cache is None:  # trainer / cache-free scoring: every sequence starts at position 0
-            q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
-            state = q.new_zeros(b, self.hv, self.dk, self.dv)
-            if nx.gdn_form == "recurrent":
-                o = gdn_recurrent_train(q, k, v, gg, bb, state) if torch.is_grad_enabled() else recurrent_fwd(q, k, v, gg, bb, state)[0]
-            else:
-                # stock: plain torch (cuBLAS on the GPU); bi_chunk: the batch-invariant chunked kernels
-                chunked = chunk_fwd if nx.invariant else chunk_fwd_torch
-                o = chunked(*to_chunks(q, k, v, gg, bb), state)[0][:, :, : q.shape[2]]
-            return lay.to_packed(o.transpose(1, 2)), {}
-        if nx.gdn_form == "aligned_chunk":
-            if on_gpu(mixed) and cache_view is not None and hasattr(cache_view, "gdn_inplace"):
-                return self._aligned_chunk_gpu(mixed, g, beta, lay, cache_view)
-            return self._aligned_chunk(mixed, g, beta, lay, cache)
-        if nx.gdn_form == "recurrent":
-            return self._recurrent_cached(mixed, g, beta, lay, cache["ssm"], cache_view)
-        # stock: recurrent step for decode rows, chunked prefill (from the carried state) for the others
-        decode = lay.lengths == 1
-        if bool(decode.all()):
-            return self._recurrent_cached(mixed, g, beta, lay, cache["ssm"], cache_view)
-        q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
-        t = q.shape[2]
-        padded = to_chunks(q, k, v, gg, bb)
-        o, states = chunk_fwd_torch(*padded, cache["ssm"].float())
-        o, ssm = o[:, :, :t], chunk_final_states(*padded, states, lay.lengths, fwd=chunk_fwd_torch)
-        if bool(decode.any()):
-            o_r, s_r = recurrent_fwd(*(x[decode] for x in (q, k, v, gg, bb)), cache["ssm"][decode].float())
-            o[decode], ssm[decode] = o_r, s_r
-        return lay.to_packed(o.transpose(1, 2)), {"ssm": ssm}
-
-    def _recurrent_cached(self, mixed, g, beta, lay, ssm, cache_view=None):
-        if on_gpu(mixed):
-            # the same Triton kernel as the trainer; the state is read and written in place in the cache's
-            # [slots, HV, K, V] tensor when the view exposes it
-            from ...kernels.gdn_recurrent import gdn_recurrent_fwd
-
-            cu = torch.tensor(lay.cu_seqlens, device=mixed.device, dtype=torch.int32)
-            inplace = getattr(cache_view, "gdn_inplace", None)
-            if inplace is not None:
-                storage, slots = inplace(self.layer_idx)
-                return gdn_recurrent_fwd(*self._split(mixed), g, beta, cu, storage["ssm"], slots), {}
-            state = ssm.float().contiguous().clone()
-            return gdn_recurrent_fwd(*self._split(mixed), g, beta, cu, state), {"ssm": state}
-        q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
-        o, state = recurrent_fwd(q, k, v, gg, bb, ssm.float(), lay.lengths)
-        return lay.to_packed(o.transpose(1, 2)), {"ssm": state}
-
-    def _aligned_chunk(self, mixed, g, beta, lay: SeqLayout, cache):
-        """bi_chunk: chunks aligned to 64-token boundaries from the sequence start. The cache holds the fp32
-        state at the last boundary and the open chunk's inputs; the new tokens are appended to the open chunk
-        and the chunked form runs from the boundary state, exactly as the trainer's pass over that chunk."""
-        b = lay.num_seqs
-        r = lay.start_pos % CHUNK  # tokens already in the open chunk
-        n = lay.lengths
-        width = int((r + n).max())
-        width += (-width) % CHUNK
-        new = torch.cat([mixed, g, beta], dim=-1)  # one gather for all per-token inputs
-        buf = torch.cat([cache["buf_qkv"], cache["buf_g"], cache["buf_beta"]], dim=-1).to(new.dtype)
-        src = torch.cat([buf, lay.to_padded(new), new.new_zeros(b, 1, new.shape[-1])], dim=1)
-        idx = _open_chunk_index(r, n, width, zero_row=src.shape[1] - 1)
-        seq = src.gather(1, idx.unsqueeze(-1).expand(b, width, src.shape[-1]))  # [B, width, C+2HV]
-        c = self.conv_dim
-        q, k, v, gg, bb = self._prep(seq[..., :c], seq[..., c : c + self.hv], seq[..., c + self.hv :])
-        o, states = chunk_fwd(q, k, v, gg, bb, cache["ssm"].float())
-        out_idx = _new_rows_index(r, lay.valid.shape[1], width)
-        o = o.transpose(1, 2).gather(1, out_idx[..., None, None].expand(-1, -1, self.hv, self.dv))
-        # new boundary state and open chunk
-        full = (r + n) // CHUNK
-        ssm = states[torch.arange(b, device=full.device), :, full]
-        left = (r + n) % CHUNK
-        jb = torch.arange(CHUNK, device=new.device)[None, :]
-        bidx = torch.where(jb < left[:, None], full[:, None] * CHUNK + jb, width)
-        seq_ext = torch.cat([seq, seq.new_zeros(b, 1, seq.shape[-1])], dim=1)
-        open_chunk = seq_ext.gather(1, bidx.unsqueeze(-1).expand(b, CHUNK, seq.shape[-1]))
-        return lay.to_packed(o), {
-            "ssm": ssm,
-            "buf_qkv": open_chunk[..., :c],
-            "buf_g": open_chunk[..., c : c + self.hv],
-            "buf_beta": open_chunk[..., c + self.hv :],
-        }
-
-    def _aligned_chunk_gpu(self, mixed, g, beta, lay: SeqLayout, view):
-        """bi_chunk on the GPU. The cache holds the boundary state and the open chunk's rows as the chunked
-        kernels compute them (k, v, g, beta, rows of (I + A)^-1, u). Decode steps append one row each with the
-        fused kernel (kernels.gdn_chunk.chunk_decode: equal to the chunked forward's row bit for bit); other
-        calls run the chunked forward over [cached rows, new tokens] from the boundary state and store the new
-        open chunk's rows."""
-        from ...kernels.gdn_chunk import chunk_decode
-        from ...kernels.gdn_chunk import chunk_fwd as chunk_fwd_rows
-
-        store, slots = view.gdn_inplace(self.layer_idx, open_chunk=True)
-        q, k, v, gg, bb = self._prep(lay.to_padded(mixed), lay.to_padded(g), lay.to_padded(beta))
-        r = lay.start_pos % CHUNK  # rows already in the open chunk
-        if bool((lay.lengths == 1).all()):
-            o = chunk_decode(q[:, :, 0], k[:, :, 0], v[:, :, 0], gg[:, :, 0], bb[:, :, 0], slots, r, store)
-            return o, {}
-        b, hv, width_new = q.shape[0], q.shape[1], q.shape[2]
-        n = lay.lengths
-        width = (int((r + n).max()) // CHUNK + 1) * CHUNK  # one chunk past the last token: the new open chunk
-        idx = _open_chunk_index(r, n, width, zero_row=CHUNK + width_new)
-
-        def place(cached, new):  # [B, HV, C, ...] rows of the open chunk + [B, HV, L, ...] new -> [B, HV, width, ...]
-            zero = new.new_zeros(new.shape[:2] + (1,) + new.shape[3:])
-            src = torch.cat([cached, new, zero], dim=2)
-            ix = idx[:, None, :].expand(b, hv, width)
-            if src.dim() == 4:
-                ix = ix[..., None].expand(b, hv, width, src.shape[-1])
-            return src.gather(2, ix)
-
-        cached = {name: store[name][slots] for name in ("ck", "cv", "cg", "cb")}
-        ks, vs = place(cached["ck"], k), place(cached["cv"], v)
-        gs, bs = place(cached["cg"], gg), place(cached["cb"], bb)
-        qs = place(torch.zeros_like(cached["ck"]), q)  # earlier rows' outputs are not recomputed: q = 0 there
-        o, states, tm, u = chunk_fwd_rows(qs, ks, vs, gs, bs, store["ssm"][slots], return_rows=True)
-        out_idx = _new_rows_index(r, width_new, width)
-        o = o.gather(2, out_idx[:, None, :, None].expand(b, hv, width_new, o.shape[-1]))
-        full = (r + n) // CHUNK  # index of the new open chunk
-        ar = torch.arange(b, device=q.device)
-
-        def chunk_rows(x):  # [B, HV, width, ...] -> rows of chunk `full` [B, HV, C, ...]
-            return x.unflatten(2, (width // CHUNK, CHUNK))[ar, :, full]
-
-        return lay.to_packed(o.transpose(1, 2)), {
-            "ssm": states[ar, :, full],
-            "ck": chunk_rows(ks), "cv": chunk_rows(vs), "cg": chunk_rows(gs), "cb": chunk_rows(bs),
-            "ct": tm[ar, :, full], "cu": chunk_rows(u),
-        }
-
-
-def _open_chunk_index(r: torch.Tensor, n: torch.Tensor, width: int, zero_row: int) -> torch.Tensor:
-    """[B, width] index into [open chunk's rows (CHUNK), the call's new tokens, ..., a zero row] that lays each
-    sequence out from its last chunk boundary: its r cached rows, its n new tokens, then zero_row."""
-    j = torch.arange(width, device=r.device)[None, :]
-    idx = torch.where(j < r[:, None], j, CHUNK + j - r[:, None])
-    return torch.where(j < (r + n)[:, None], idx, zero_row)
-
-
-def _new_rows_index(r: torch.Tensor, num_new: int, width: int) -> torch.Tensor:
-    """[B, num_new] rows r .. r + num_new - 1 of that layout (the new tokens' outputs; clamped past the end)."""
-    return (r[:, None] + torch.arange(num_new, device=r.device)[None, :]).clamp(max=width - 1)
 
 
 # ------------------------------------------------------------------------------------- attention
@@ -450,7 +289,7 @@ class TextModel(nn.Module):
 class Qwen35ForCausalLM(nn.Module):
     """forward(input_ids [N] packed, cu_seqlens [B+1], start_pos [B], cache, logits_rows) -> fp32 logits."""
 
-    def __init__(self, cfg: Qwen35Config, numerics: str | Numerics = "stock"):
+    def __init__(self, cfg: Qwen35Config, numerics: str | Numerics | Mapping[str, Any] = "stock"):
         super().__init__()
         self.config = cfg
         self.numerics = get_numerics(numerics)
@@ -459,7 +298,7 @@ class Qwen35ForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def set_numerics(self, numerics: str | Numerics) -> None:
+    def set_numerics(self, numerics: str | Numerics | Mapping[str, Any]) -> None:
         self.numerics = get_numerics(numerics)
 
     @torch.no_grad()

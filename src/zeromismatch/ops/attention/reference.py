@@ -28,7 +28,7 @@ def _expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
 
 
 def blocked_attention(q, k, v, q_pos, scale, softmax=torch.softmax, matmul=torch.matmul):
-    """matmul: the batched matmul (on CUDA a batch-count-invariant Triton kernel, kernels/bmm.py)."""
+    """matmul: the batched matmul (the bi modes pass ops.linear.bmm: batch-count-invariant on CUDA too)."""
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     rep = hq // hkv

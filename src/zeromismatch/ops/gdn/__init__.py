@@ -1,30 +1,37 @@
-"""Gated delta rule (GDN). reference.py: plain torch, recurrent and chunked forms; autograd.py: the `bi`
-training op (recurrent forward, chunked backward)."""
+"""Gated delta rule (GDN), laid out as flash-linear-attention lays out its ops.
 
-from .reference import (
-    CHUNK,
-    chunk_gated_delta_rule,
-    chunk_final_states,
-    chunk_fwd,
-    pad_time,
-    to_chunks,
-    chunk_fwd_torch,
-    prepare_qk,
-    recurrent_fwd,
-    recurrent_gated_delta_rule,
-    recurrent_step,
-)
+- naive.py            plain torch: the recurrent and chunked forms, FLA-style varlen wrappers (the reference)
+- chunk.py            backend `chunk` (stock): chunked train / prefill, recurrent decode, plain torch
+- recurrent.py        backend `recurrent` (bi): recurrent forward everywhere, chunked backward
+- aligned_chunk.py    backend `aligned_chunk` (bi_chunk): chunked everywhere, decode aligned to 64-token chunks
+- recurrent_triton.py, chunk_triton.py   the CUDA kernels (imported lazily: CPU machines have no triton)
+- autograd.py         ChunkedBackward: a kernel's forward differentiated through the chunked torch form
+- base.py             the backend interface (GDNBackend, GDNHeads, GDNStateView)
+- constants.py        CHUNK, the decode kernel names
+
+Each backend answers `cache_spec` (the per-slot state the generator allocates), `train` and `cached`; numerics
+picks one per mode, and the model calls it.
+"""
+
+from .aligned_chunk import AlignedChunkGDN
+from .base import GDNBackend, GDNHeads, GDNStateView, StateSpec
+from .chunk import ChunkGDN
+from .constants import CHUNK, CHUNK_DECODE_KERNELS, DEFAULT_CHUNK_DECODE
+from .recurrent import RecurrentGDN
+
+# backend class by GDN form name
+BACKENDS: dict[str, type[GDNBackend]] = {cls.name: cls for cls in (ChunkGDN, RecurrentGDN, AlignedChunkGDN)}
 
 __all__ = [
+    "BACKENDS",
     "CHUNK",
-    "chunk_gated_delta_rule",
-    "chunk_final_states",
-    "chunk_fwd",
-    "pad_time",
-    "to_chunks",
-    "chunk_fwd_torch",
-    "prepare_qk",
-    "recurrent_fwd",
-    "recurrent_gated_delta_rule",
-    "recurrent_step",
+    "CHUNK_DECODE_KERNELS",
+    "DEFAULT_CHUNK_DECODE",
+    "AlignedChunkGDN",
+    "ChunkGDN",
+    "GDNBackend",
+    "GDNHeads",
+    "GDNStateView",
+    "RecurrentGDN",
+    "StateSpec",
 ]

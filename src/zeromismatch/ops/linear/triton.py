@@ -1,16 +1,16 @@
-"""Batch-invariant GEMM for `linear` (y = x @ W^T) on CUDA: Triton, fixed K order, no split-K.
+"""The CUDA batch-invariant GEMM for `linear` (y = x @ W^T): Triton, fixed K order, no split-K.
 
 Every output element is one dot product accumulated over K in BLOCK_K pieces, in order, into an fp32
 accumulator; rows never interact, and M is not specialized, so a row's bits cannot depend on how many rows
-share the call *for a given tile config*. Two policies choose the config:
+share the call *for a given tile config*. The gemm policy (conf/numerics `gemm_policy`) chooses the config:
 
 - "fixed": the config is a function of (N, K, dtype) only. Invariance follows from the above alone.
 - "adaptive" (default): the config also depends on M (small tiles for decode, large for training). This is
   invariant only if the bits do not depend on the tile shape / num_warps / TMA-vs-pointer loads (one wgmma k16
   chain over K in order, fp32 accumulator). Measured on the H200 (results/gpu/README.md): every config gave
   the same bits, at every shape tried.
-- "hybrid" (opt-in, ZM_GEMM_POLICY=hybrid): bf16 GEMMs with M >= HYBRID_MIN_M go to cuBLASLt with its
-  workspace starved (`kernels.enable_cublaslt_invariant()` before CUDA starts; no split-K), smaller M to the
+- "hybrid" (opt-in): bf16 GEMMs with M >= HYBRID_MIN_M go to cuBLASLt with its
+  workspace starved (`ops.device.enable_cublaslt_invariant()` before CUDA starts; no split-K), smaller M to the
   Triton kernels. Valid because cuBLASLt's bits equal ours (measured: 100% of elements at every shape tried,
   and end-to-end parity under this policy). fp32 stays on Triton: cuBLASLt's fp32 GEMM is not invariant.
   Without that cuBLASLt setup the policy falls back to "adaptive". (The adaptive policy's persistent kernel
@@ -29,11 +29,12 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import configure_cuda
+from ..device import configure_cuda
+from .policy import DEFAULT_GEMM_POLICY
 
-POLICY = os.environ.get("ZM_GEMM_POLICY", "adaptive")  # "fixed" | "adaptive" | "hybrid"
-HYBRID_MIN_M = int(os.environ.get("ZM_GEMM_HYBRID_MIN_M", "1024"))
+HYBRID_MIN_M = 1024  # the hybrid policy's smallest row count sent to cuBLASLt
 BLOCK_K_BF16 = 64
 BLOCK_K_FP32 = 32
 
@@ -90,8 +91,7 @@ def _tma_ok(x: torch.Tensor, w: torch.Tensor, n: int) -> bool:
     )
 
 
-def pick(m: int, n: int, k: int, dtype: torch.dtype, tma_ok: bool, policy: str | None = None) -> str:
-    policy = policy or POLICY
+def pick(m: int, n: int, k: int, dtype: torch.dtype, tma_ok: bool, policy: str = DEFAULT_GEMM_POLICY) -> str:
     if policy == "hybrid":
         policy = "adaptive"
     if dtype == torch.float32:
@@ -225,18 +225,18 @@ def _num_sms(dev: torch.device) -> int:
 
 
 def cublaslt_invariant_ready() -> bool:
-    """cuBLASLt preferred with a starved workspace (see kernels.enable_cublaslt_invariant)."""
+    """cuBLASLt preferred with a starved workspace (see ops.device.enable_cublaslt_invariant)."""
     return (
         os.environ.get("CUBLASLT_WORKSPACE_SIZE") == "1"
         and str(torch.backends.cuda.preferred_blas_library()).lower().endswith("cublaslt")
     )
 
 
-def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | Cfg | None = None, policy: str | None = None) -> torch.Tensor:
+def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | Cfg | None = None,
+               policy: str = DEFAULT_GEMM_POLICY) -> torch.Tensor:
     """x2 [M, K], w [N, K] (same dtype: bf16 or fp32) -> [M, N] in that dtype. cfg_name: a CONFIGS name or a
     Cfg (experiments); default: chosen by the policy."""
     configure_cuda()
-    policy = policy or POLICY
     # (bf16 only: cuBLASLt's fp32 GEMM is not batch-invariant even with the workspace starved, measured)
     if (cfg_name is None and policy == "hybrid" and x2.is_cuda and x2.dtype == torch.bfloat16
             and x2.shape[0] >= HYBRID_MIN_M and cublaslt_invariant_ready()):
@@ -258,16 +258,12 @@ def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | Cfg | None = N
         c = CONFIGS[cfg_name or pick(m, n, k, x2.dtype, tma_ok, policy)]
     grid = (triton.cdiv(m, c.bm) * triton.cdiv(n, c.bn),)
     if c.tma and c.swap:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
         xd = TensorDescriptor.from_tensor(x2, [c.bm, c.bk])
         wd = TensorDescriptor.from_tensor(w, [c.bn, c.bk])
         yd = TensorDescriptor.from_tensor(y, [c.bm, c.bn])
         _linear_tma_swap_kernel[(triton.cdiv(n, c.bn), triton.cdiv(m, c.bm))](
             xd, wd, yd, m, n, k, BM=c.bm, BN=c.bn, BK=c.bk, num_warps=c.warps, num_stages=c.stages)
     elif c.tma and c.persistent:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
         sms = _num_sms(x2.device)
         xd = TensorDescriptor.from_tensor(x2, [c.bm, c.bk])
         wd = TensorDescriptor.from_tensor(w, [c.bn, c.bk])
@@ -276,8 +272,6 @@ def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | Cfg | None = N
             xd, wd, yd, m, n, k, BM=c.bm, BN=c.bn, BK=c.bk, GROUP_M=c.group_m, NUM_SMS=sms,
             EPI_SPLIT=c.epi_split, WS=c.ws, num_warps=c.warps, num_stages=c.stages)
     elif c.tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
         xd = TensorDescriptor.from_tensor(x2, [c.bm, c.bk])
         wd = TensorDescriptor.from_tensor(w, [c.bn, c.bk])
         yd = TensorDescriptor.from_tensor(y, [c.bm, c.bn])
@@ -292,24 +286,24 @@ def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | Cfg | None = N
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, w):
+    def forward(ctx, x2, w, policy):
         ctx.save_for_backward(x2, w)
-        return linear_raw(x2, w)
+        return linear_raw(x2, w, policy=policy)
 
     @staticmethod
     def backward(ctx, gy):
         x2, w = ctx.saved_tensors
         gx = gy @ w if ctx.needs_input_grad[0] else None
         gw = gy.t() @ x2 if ctx.needs_input_grad[1] else None
-        return gx, gw
+        return gx, gw, None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ weight[N, K]^T, batch-invariant on CUDA."""
+def linear(x: torch.Tensor, weight: torch.Tensor, policy: str = DEFAULT_GEMM_POLICY) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]^T, batch-invariant on CUDA, tile config by `policy`."""
     *lead, k = x.shape
     x2 = x.reshape(-1, k)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        y = _Linear.apply(x2, weight)
+        y = _Linear.apply(x2, weight, policy)
     else:
-        y = linear_raw(x2, weight)
+        y = linear_raw(x2, weight, policy=policy)
     return y.reshape(*lead, weight.shape[0])

@@ -1,11 +1,12 @@
-"""Gated delta rule, plain torch, fp32 state. The math (per value head, state S is K x V):
+"""Gated delta rule in plain torch, fp32 state: the reference every backend and kernel is checked against, and
+the CPU forms the backends run. No Triton here. The math (per value head, state S is K x V):
 
     S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T,      o_t = S_t^T q_t
 
 with q, k l2-normalized and q scaled by 1/sqrt(K). Two forms compute it:
 
-- recurrent: one token at a time (`recurrent_step`). The generator's decode step and the `bi` trainer
-  forward call the very same step function, so they agree bit for bit.
+- recurrent: one token at a time (`recurrent_step`). On CPU the generator's decode step and the `bi`
+  trainer forward call the very same step function, so they agree bit for bit.
 - chunked (chunk C = 64): inside a chunk, with G = cumsum(g), A[t,i] = beta_t exp(G_t - G_i) k_t.k_i (i < t),
   T = (I + A)^-1, U = T (beta V) - T (beta exp(G) K) S_0 ; O = exp(G) Q S_0 + (exp(G_t - G_i) q_t.k_i)_{i<=t} U;
   S_C = exp(G_C) S_0 + (exp(G_C - G) K)^T U. Row t of a chunk only reads rows <= t (masked entries are
@@ -13,7 +14,7 @@ with q, k l2-normalized and q scaled by 1/sqrt(K). Two forms compute it:
   (zero-padded) gives the same row t: the basis of `bi_chunk` decoding.
 
 Internal layout: [B, HV, T, D] fp32, q/k already normalized and expanded to the value heads (`prepare_qk`).
-Public wrappers take FLA's layout [B, T, H, D] with optional packed sequences (cu_seqlens).
+The varlen wrappers take FLA's layout [B, T, H, D] with optional packed sequences (cu_seqlens).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...kernels import on_gpu, sum_sq_last
-
-CHUNK = 64
+from ..reduce import sum_sq_last
+from ..varlen import padded_index, to_padded
+from .constants import CHUNK
 
 
 def prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,11 +39,6 @@ def prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torc
     if rep > 1:
         q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
     return q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
-
-
-def _heads_first(x: torch.Tensor) -> torch.Tensor:
-    """[B, T, HV, ...] -> [B, HV, T, ...] fp32 contiguous."""
-    return x.float().transpose(1, 2).contiguous()
 
 
 # ----------------------------------------------------------------------------------------------- recurrent
@@ -97,22 +93,6 @@ def to_chunks(*xs: torch.Tensor) -> list[torch.Tensor]:
 
 
 def chunk_fwd(q, k, v, g, beta, state):
-    """`chunk_fwd_torch` on CPU; on CUDA the batch-invariant kernels.gdn_chunk.chunk_fwd (same function, same
-    contract; torch's CUDA bmm / solve_triangular pick kernels by batch count). Under autograd on CUDA only o
-    is returned (states None: the trainer differentiates o only)."""
-    if on_gpu(q):
-        from ...kernels.gdn_chunk import chunk_fwd as chunk_fwd_cuda
-
-        xs = (q, k, v, g, beta, state)
-        if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-            from .autograd import chunk_fwd_cuda_train
-
-            return chunk_fwd_cuda_train(*xs), None
-        return chunk_fwd_cuda(*xs, CHUNK)
-    return chunk_fwd_torch(q, k, v, g, beta, state)
-
-
-def chunk_fwd_torch(q, k, v, g, beta, state):
     """Chunked form over whole chunks. q, k [B, HV, T, K]; v [B, HV, T, V]; g, beta [B, HV, T] with T a
     multiple of CHUNK (callers zero-pad: zero rows are inert); state [B, HV, K, V] fp32.
     Returns (o [B, HV, T, V], states [B, HV, n_chunks + 1, K, V]: the state at every chunk boundary)."""
@@ -152,38 +132,50 @@ def chunk_fwd_torch(q, k, v, g, beta, state):
     return torch.stack(outs, dim=2).view(b, h, t, dv), torch.stack(states, dim=2)
 
 
-# ------------------------------------------------------------------------------------ public varlen wrappers
+def chunk_output(q, k, v, g, beta, state):
+    """The chunked form's output for any T (zero-padded to whole chunks, cut back): o [B, HV, T, V]."""
+    return chunk_fwd(*to_chunks(q, k, v, g, beta), state)[0][:, :, : q.shape[2]]
 
 
-def _unpack(x: torch.Tensor, cu_seqlens: torch.Tensor | None, multiple: int = 1):
-    """[1, N, ...] packed -> [B, T_pad, ...] right-padded with zeros (T_pad a multiple of `multiple`)."""
-    if cu_seqlens is None:
-        t = x.shape[1]
-        pad = (-t) % multiple
-        return (F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) if pad else x), None
-    cu = cu_seqlens.tolist()
-    lens = [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
-    t = max(lens) if lens else 0
-    t += (-t) % multiple
-    out = x.new_zeros(len(lens), t, *x.shape[2:])
-    for i, n in enumerate(lens):
-        out[i, :n] = x[0, cu[i] : cu[i] + n]
-    return out, torch.tensor(lens, device=x.device)
+def chunk_final_states(q, k, v, g, beta, states, lengths):
+    """State after each row's last valid token: the boundary state of its last full chunk, advanced over the
+    leftover tokens with the chunked form on one zero-padded chunk (zero rows leave the state unchanged)."""
+    finals = []
+    for i, n in enumerate(lengths.tolist()):
+        c, r = divmod(n, CHUNK)
+        s = states[i : i + 1, :, c]
+        if r:
+            sl = slice(c * CHUNK, c * CHUNK + r)
+            _, st = chunk_fwd(*(pad_time(x[i : i + 1, :, sl], CHUNK) for x in (q, k, v, g, beta)), s)
+            s = st[:, :, 1]
+        finals.append(s)
+    return torch.cat(finals, dim=0)
 
 
-def _repack(o: torch.Tensor, cu_seqlens: torch.Tensor | None, t: int) -> torch.Tensor:
-    if cu_seqlens is None:
-        return o[:, :t]
-    cu = cu_seqlens.tolist()
-    return torch.cat([o[i, : cu[i + 1] - cu[i]] for i in range(len(cu) - 1)], dim=0).unsqueeze(0)
+# ------------------------------------------------------------------------------------ FLA-style varlen wrappers
 
 
 def _prep(q, k, v, g, beta, cu_seqlens, multiple):
+    """FLA layout [B, T, ...] (B == 1 when packed) -> the internal layout, right-padded to `multiple` tokens."""
     num_v_heads = v.shape[2]
-    (q, lengths), (k, _), (v, _) = (_unpack(x, cu_seqlens, multiple) for x in (q, k, v))
-    (g, _), (beta, _) = (_unpack(x, cu_seqlens, multiple) for x in (g, beta))
-    q, k = prepare_qk(q, k, num_v_heads)
-    return q, k, _heads_first(v), _heads_first(g), _heads_first(beta), lengths
+    if cu_seqlens is None:
+        pad = (-q.shape[1]) % multiple
+        xs = [F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) if pad else x for x in (q, k, v, g, beta)]
+        lengths = valid = None
+    else:
+        cu = [int(c) for c in cu_seqlens.tolist()]
+        index, valid = padded_index(cu, q.device, multiple)
+        xs = [to_padded(x[0], index) for x in (q, k, v, g, beta)]
+        lengths = torch.tensor([cu[i + 1] - cu[i] for i in range(len(cu) - 1)], device=q.device)
+    q, k = prepare_qk(xs[0], xs[1], num_v_heads)
+    v, g, beta = (x.float().transpose(1, 2).contiguous() for x in xs[2:])
+    return q, k, v, g, beta, lengths, valid
+
+
+def _repack(o: torch.Tensor, valid: torch.Tensor | None, t: int) -> torch.Tensor:
+    """Internal-layout output [B, HV, T_pad, V] -> FLA layout [B, T, HV, V] (packed: [1, N, HV, V])."""
+    o = o.transpose(1, 2)
+    return o[:, :t] if valid is None else o[valid].unsqueeze(0)
 
 
 def _initial(initial_state, b, h, dk, dv, like):
@@ -196,36 +188,19 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=None, cu_seqlens=
     """FLA-style API. q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; with cu_seqlens, B == 1 and the
     sequences are packed. initial_state [n_seq, HV, K, V]. Returns (o like v in fp32, final_state fp32)."""
     t = q.shape[1]
-    q, k, v, g, beta, lengths = _prep(q, k, v, g, beta, cu_seqlens, 1)
+    q, k, v, g, beta, lengths, valid = _prep(q, k, v, g, beta, cu_seqlens, 1)
     state = _initial(initial_state, q.shape[0], q.shape[1], q.shape[-1], v.shape[-1], v)
     o, state = recurrent_fwd(q, k, v, g, beta, state, lengths)
-    return _repack(o.transpose(1, 2), cu_seqlens, t), state
+    return _repack(o, valid, t), state
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, cu_seqlens=None):
     """Same API as `recurrent_gated_delta_rule`, chunked form (chunks aligned to each sequence start)."""
     t = q.shape[1]
-    q, k, v, g, beta, lengths = _prep(q, k, v, g, beta, cu_seqlens, CHUNK)
+    q, k, v, g, beta, lengths, valid = _prep(q, k, v, g, beta, cu_seqlens, CHUNK)
     state = _initial(initial_state, q.shape[0], q.shape[1], q.shape[-1], v.shape[-1], v)
     o, states = chunk_fwd(q, k, v, g, beta, state)
     if lengths is None:
         lengths = torch.full((q.shape[0],), t, device=q.device)
     final = chunk_final_states(q, k, v, g, beta, states, lengths)
-    return _repack(o.transpose(1, 2), cu_seqlens, t), final
-
-
-def chunk_final_states(q, k, v, g, beta, states, lengths, fwd=None):
-    """State after each row's last valid token: the boundary state of its last full chunk, advanced over the
-    leftover tokens with the chunked form (`fwd`, default chunk_fwd) on one zero-padded chunk."""
-    fwd = fwd or chunk_fwd
-    finals = []
-    for i, n in enumerate(lengths.tolist()):
-        c, r = divmod(n, CHUNK)
-        s = states[i : i + 1, :, c]
-        if r:
-            sl = slice(c * CHUNK, c * CHUNK + r)
-            _, st = fwd(*(pad_time(x[i : i + 1, :, sl], CHUNK) for x in (q, k, v, g, beta)), s)
-            # zero-padded rows (g = 0, beta = 0, k = 0) leave the state unchanged
-            s = st[:, :, 1]
-        finals.append(s)
-    return torch.cat(finals, dim=0)
+    return _repack(o, valid, t), final

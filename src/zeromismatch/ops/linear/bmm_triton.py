@@ -1,4 +1,4 @@
-"""Batch-invariant batched matmul on CUDA (blocked attention, chunked GDN): Triton, one program per
+"""The CUDA batch-invariant batched matmul (the blocked attention's): Triton, one program per
 (batch item, output tile), fixed tile config per (M, N, K, dtype) and a fixed K order, batch count not
 specialized. cuBLAS batched GEMMs may pick kernels (and split-K) by batch count; this never does.
 
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import configure_cuda, on_gpu
+from ..device import configure_cuda
 
 
 @triton.jit(do_not_specialize=["M", "N", "K", "sab", "sam", "sak", "sbb", "sbk", "sbn", "scb", "scm"])
@@ -104,8 +104,6 @@ class _BMM(torch.autograd.Function):
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """torch.matmul for [..., M, K] @ [..., K, N] (leading dims broadcast), batch-invariant on CUDA."""
-    if not on_gpu(a):
-        return torch.matmul(a, b)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return _BMM.apply(a, b)
     return bmm_raw(a, b)

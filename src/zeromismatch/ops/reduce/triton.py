@@ -1,4 +1,4 @@
-"""Row reductions over the last dim whose per-row arithmetic depends only on the row length.
+"""CUDA row reductions over the last dim whose per-row arithmetic depends only on the row length.
 
 One program reduces ROWS rows, each in BLOCK_D-wide pieces accumulated elementwise and summed once at the end
 (tl.sum over a fixed layout). ROWS, BLOCK_D and num_warps are functions of the row length D alone, and the

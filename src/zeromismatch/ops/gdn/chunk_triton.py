@@ -1,6 +1,7 @@
-"""Chunked gated-delta-rule forward on CUDA, and the chunk-consistent decode step of `bi_chunk`.
+"""Chunked gated-delta-rule forward on CUDA (`bi_chunk`'s trainer and prefill), and `bi_chunk`'s
+chunk-consistent decode step.
 
-Same function as ops.gdn.reference.chunk_fwd (chunk C = 64, fp32): per chunk, G = cumsum(g),
+Same function as naive.chunk_fwd (chunk C = 64, fp32): per chunk, G = cumsum(g),
 A = strict(exp(G_t - G_j) (beta_t k_t).k_j), T = (I + A)^-1, w = T (beta exp(G) k), u0 = T (beta v),
 u = u0 - w S, o = exp(G) q S + (causal exp(G_t - G_j) q_t.k_j) u, S' = exp(G_C) S + (exp(G_C - G) k)^T u.
 
@@ -20,24 +21,22 @@ Kernels:
 - the decode step: one token for a batch of sequences, one program per (sequence, head), state and the open
   chunk's rows read and written in place in the generator's cache slots. It reads the fp32 state once and
   writes it only when the chunk closes (every 64 tokens); the open chunk's rows (k, v, g, beta, T, u) are
-  cached so no earlier row is recomputed. Two kernels: `_decode_kernel` ("dot": the trainer's construct, its
-  operand in row 0 of 16-row tiles, equal by construction) and `_decode_chain_kernel` ("chain", default:
-  each chain a loop of tl.fma, no padding, 5x faster; equal to "dot" because tl.dot's fp32 lowering is a
-  fused-multiply-add chain, which the H200 suite measures every run: results/gpu/README.md).
+  cached so no earlier row is recomputed. Two kernels (conf/numerics `chunk_decode`): `_decode_kernel`
+  ("dot": the trainer's construct, its operand in row 0 of 16-row tiles, equal by construction) and
+  `_decode_chain_kernel` ("chain", default: each chain a loop of tl.fma, no padding, 5x faster; equal to "dot"
+  because tl.dot's fp32 lowering is a fused-multiply-add chain, which the H200 suite measures every run:
+  results/gpu/README.md; "chain_mul_add" is the other reading, multiply then add, measured not equal).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from . import configure_cuda
-
-CHUNK = 64
+from ..device import configure_cuda
+from .constants import CHUNK, CHUNK_DECODE_KERNELS, DEFAULT_CHUNK_DECODE
 # no compiler-chosen multiply-add contraction: elementwise ops round as written, in every kernel alike
 _OPTS = dict(enable_fp_fusion=False)
 
@@ -187,16 +186,15 @@ def _launch(name, kernel, grid_of_bv, *args, V: int, **kw):
                 raise
 
 
-def chunk_fwd(q, k, v, g, beta, state, chunk: int = CHUNK, return_rows: bool = False):
+def chunk_fwd_triton(q, k, v, g, beta, state, return_rows: bool = False):
     """q, k [B, HV, T, K]; v [B, HV, T, V]; g, beta [B, HV, T] fp32 (T a multiple of 64, zero-padded);
     state [B, HV, K, V] fp32. Returns (o [B, HV, T, V], states [B, HV, n_chunks + 1, K, V]); with return_rows
     also (tm [B, HV, n_chunks, C, C] the per-chunk (I + A)^-1, u [B, HV, T, V]): what the generator caches for
-    an open chunk. Not differentiable (ops.gdn wraps it with the chunked torch backward)."""
+    an open chunk. Not differentiable (autograd.ChunkedBackward differentiates the chunked torch form)."""
     configure_cuda()
-    assert chunk == CHUNK, chunk
     b, h, t, dk = q.shape
     dv = v.shape[-1]
-    assert t % CHUNK == 0, f"chunk_fwd needs T % {CHUNK} == 0, got {t}"
+    assert t % CHUNK == 0, f"chunk_fwd_triton needs T % {CHUNK} == 0, got {t}"
     n = t // CHUNK
     q, k, v, g, beta = (x.float().contiguous() for x in (q, k, v, g, beta))
     s0 = state.float().contiguous()
@@ -313,7 +311,7 @@ def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
                          FUSED: tl.constexpr):
     """The decode step with every chain written out as a loop over its index (no 16-row padding): the same
-    chains as `_decode_kernel` when tl.dot's lowering is `FUSED` (experimental; the suite checks its bits)."""
+    chains as `_decode_kernel` when tl.dot's lowering is `FUSED` (the H200 suite checks its bits every run)."""
     i = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + i).to(tl.int64)
@@ -396,28 +394,24 @@ def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos
             tl.store(sp, acc)
 
 
-# "chain" (default): the loop-chain kernel, measured equal to "dot" bit for bit on the H200 (tl.dot's fp32
-# lowering is a fused multiply-add chain there; "chain_mul_add" is the other reading, measured not equal)
-DECODE = os.environ.get("ZM_CHUNK_DECODE", "chain")
-
-
-def chunk_decode(q, k, v, g, beta, slots, pos, cache: dict, variant: str | None = None):
-    """One token per sequence, chunk-consistent: o equals row `pos` of `chunk_fwd` over the sequence's open
+def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, variant: str = DEFAULT_CHUNK_DECODE):
+    """One token per sequence, chunk-consistent: o equals row `pos` of `chunk_fwd_triton` over the sequence's open
     chunk bit for bit. q, k [N, HV, K], v [N, HV, V], g, beta [N, HV] fp32 (prepared); slots [N] cache slots;
     pos [N] the token's position in its open chunk (start_pos % 64). cache: the layer's tensors
     ssm [S, HV, K, V], ck [S, HV, C, K], cv [S, HV, C, V], cg, cb [S, HV, C], ct [S, HV, C, C], cu [S, HV, C, V]
-    (all fp32), updated in place (the state only when the chunk closes). Returns o [N, HV, V] fp32."""
+    (all fp32), updated in place (the state only when the chunk closes). variant: the decode kernel, one of
+    CHUNK_DECODE_KERNELS. Returns o [N, HV, V] fp32."""
+    assert variant in CHUNK_DECODE_KERNELS, variant
     configure_cuda()
     n, hv, dk = q.shape
     dv = v.shape[-1]
     q, k, v, g, beta = (x.float().contiguous() for x in (q, k, v, g, beta))
     o = torch.empty(n, hv, dv, device=q.device, dtype=torch.float32)
-    variant = variant or DECODE
     if n and variant != "dot":
         scr = torch.empty(n, hv, 3 * CHUNK + 2 * dk, device=q.device, dtype=torch.float32)
         _launch("chain", _decode_chain_kernel, lambda bv: (n, hv), q, k, v, g, beta, o, slots.contiguous(),
                 pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"], cache["cg"], cache["cb"],
-                cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, FUSED=variant == "chain", 
+                cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, FUSED=variant == "chain",
                 **_OPTS)
     elif n:
         _launch("decode", _decode_kernel, lambda bv: (n, hv), q, k, v, g, beta, o, slots.contiguous(),

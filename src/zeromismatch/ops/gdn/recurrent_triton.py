@@ -1,21 +1,21 @@
-"""Recurrent gated-delta-rule forward in Triton: the `bi` GDN for the trainer forward, the generator's
-prefill and its decode steps (one kernel, one compiled variant, so all of them agree bit for bit).
+"""Recurrent gated-delta-rule forward in Triton: the `bi` GDN on CUDA for the trainer forward, the generator's
+prefill and its decode steps (one kernel, one compiled variant, so all of them agree bit for bit), and `stock`'s
+decode steps.
 
 One program per (sequence, value head, value block of BV columns). The fp32 state block [K, BV] lives in
 registers for the whole sequence; per token: q, k l2-normalized (rsqrt(sum x^2 + 1e-6)) in fp32, q scaled by
 1/sqrt(K), decay exp(g), delta rule, output column block; the next token's inputs are prefetched, and both
-state reductions read the decayed state. H200 (results/gpu): 4.9 ms for 8 x 4096
-tokens x 32 heads (K = V = 128), 0.079 ms for a 64-sequence decode step (1.14x the fp32 state read+write). Packed sequences via cu_seqlens; the state is
-read from state[state_indices[b]] and the final state written back to the same place (in place: the
-generator passes its [slots, HV, K, V] cache and the batch's slots; the trainer a zero buffer).
+state reductions read the decayed state. H200 (results/gpu/README.md): 4.9 ms for 8 x 4096 tokens x 32 heads
+(K = V = 128), 0.079 ms for a 64-sequence decode step (1.14x the fp32 state read+write). Packed sequences via
+cu_seqlens; the state is read from state[state_indices[b]] and the final state written back to the same place
+(in place: the generator passes its [slots, HV, K, V] cache and the batch's slots; the trainer a zero buffer).
 
 Invariance: a program's arithmetic depends only on its own sequence; every call passes a state (never a
 "no initial state" variant), the config (BV, num_warps, num_stages) is a module constant, and no integer that
 varies between calls (token counts, strides) is specialized. Splitting a sequence across calls with the fp32
 state carried is therefore exact.
 
-Training: `gdn_recurrent` is differentiable; the backward recomputes the chunked form in plain torch
-(ops.gdn.reference.chunk_fwd_torch) and differentiates it, the published method's choice.
+Training (recurrent.py) wraps it in autograd.ChunkedBackward: the backward differentiates the chunked torch form.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def _check_tok(x: torch.Tensor, inner: int, name: str) -> torch.Tensor:
     return x
 
 
-def gdn_recurrent_fwd(q, k, v, g, beta, cu_seqlens, state, state_indices=None, out=None, out_dtype=torch.float32,
-                      block_v: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
+def recurrent_fwd_triton(q, k, v, g, beta, cu_seqlens, state, state_indices=None, out=None, out_dtype=torch.float32,
+                         block_v: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
     """q, k [N, H, K] raw (not normalized); v [N, HV, V]; g, beta [N, HV] (fp32: log decay, beta);
     cu_seqlens [B+1] int32 on the device; state fp32 [S, HV, K, V] contiguous, updated IN PLACE at rows
     state_indices[b] (default b). Returns o [N, HV, V] (out_dtype). block_v / num_warps / num_stages override
@@ -120,62 +120,3 @@ def gdn_recurrent_fwd(q, k, v, g, beta, cu_seqlens, state, state_indices=None, o
                      dk ** -0.5, H=h, HV=hv, K=dk, V=dv, BLOCK_V=bv,
                      num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
     return out
-
-
-# ------------------------------------------------------------------------------------------- training
-
-
-def _chunk_reference_packed(q, k, v, g, beta, cu_list):
-    """Differentiable plain-torch chunked form over packed inputs (zero initial state) -> o [N, HV, V] fp32."""
-    from ..ops.gdn.reference import CHUNK, chunk_fwd_torch, prepare_qk
-
-    lens = [cu_list[i + 1] - cu_list[i] for i in range(len(cu_list) - 1)]
-    t = max(lens)
-    t += (-t) % CHUNK
-    n_tok = q.shape[0]
-    ar = torch.arange(t, device=q.device)
-    lengths = torch.tensor(lens, device=q.device)
-    valid = ar[None, :] < lengths[:, None]
-    index = torch.where(valid, torch.tensor(cu_list[:-1], device=q.device)[:, None] + ar[None, :], n_tok)
-
-    def pad(x):
-        return torch.cat([x, x.new_zeros(1, *x.shape[1:])], 0)[index]
-
-    hv = v.shape[1]
-    qp, kp = prepare_qk(pad(q), pad(k), hv)
-    vp, gp, bp = (pad(x).float().transpose(1, 2).contiguous() for x in (v, g, beta))
-    state = qp.new_zeros(len(lens), hv, qp.shape[-1], vp.shape[-1])
-    o, _ = chunk_fwd_torch(qp, kp, vp, gp, bp, state)
-    return o.transpose(1, 2)[valid]
-
-
-class _GDNRecurrentTrain(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, cu_seqlens, cu_list):
-        ctx.save_for_backward(q, k, v, g, beta)
-        ctx.cu_list = cu_list
-        b = len(cu_list) - 1
-        state = torch.zeros(b, v.shape[1], q.shape[2], v.shape[2], device=q.device, dtype=torch.float32)
-        return gdn_recurrent_fwd(q, k, v, g, beta, cu_seqlens, state)
-
-    @staticmethod
-    def backward(ctx, grad_o):
-        inputs = ctx.saved_tensors
-        needs = ctx.needs_input_grad[:5]
-        with torch.enable_grad():
-            leaves = [x.detach().requires_grad_(needs[i]) for i, x in enumerate(inputs)]
-            o = _chunk_reference_packed(*leaves, ctx.cu_list)
-            wrt = [x for i, x in enumerate(leaves) if needs[i]]
-            got = iter(torch.autograd.grad(o, wrt, grad_o) if wrt else [])
-        return (*(next(got) if needs[i] else None for i in range(5)), None, None)
-
-
-def gdn_recurrent(q, k, v, g, beta, cu_seqlens: list[int]):
-    """Trainer entry: packed raw q, k [N, H, K], v [N, HV, V], g, beta [N, HV]; every sequence starts from a
-    zero state. Returns o [N, HV, V] fp32. Differentiable (chunked backward)."""
-    cu = torch.tensor(cu_seqlens, device=q.device, dtype=torch.int32)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, g, beta)):
-        return _GDNRecurrentTrain.apply(q, k, v, g, beta, cu, list(cu_seqlens))
-    b = len(cu_seqlens) - 1
-    state = torch.zeros(b, v.shape[1], q.shape[2], v.shape[2], device=q.device, dtype=torch.float32)
-    return gdn_recurrent_fwd(q, k, v, g, beta, cu, state)

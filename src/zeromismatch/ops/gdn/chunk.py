@@ -1,0 +1,52 @@
+"""`stock`'s GDN: the chunked form in plain torch wherever a call's tokens arrive together, the recurrent step
+for decode rows, as the usual trainer / generator split runs it.
+
+| call                          | CPU and CUDA                                                           |
+|-------------------------------|------------------------------------------------------------------------|
+| train                         | naive.chunk_fwd (torch autograd)                                       |
+| cached, decode rows only      | recurrent.recurrent_cached (torch on CPU, recurrent_triton on CUDA)    |
+| cached, with prefill pieces   | naive.chunk_fwd from the carried ssm; its decode rows naive.recurrent_fwd |
+
+The two forms agree to fp32 rounding, not bit for bit, and torch picks CUDA kernels by shape: this is the
+baseline whose trainer / generator mismatch the invariant modes remove. Cache: the fp32 ssm state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..varlen import SeqLayout
+from .base import GDNBackend, GDNHeads, GDNStateView, StateSpec, ssm_spec
+from .naive import chunk_final_states, chunk_fwd, chunk_output, recurrent_fwd, to_chunks
+from .recurrent import recurrent_cached
+
+
+@dataclass(frozen=True)
+class ChunkGDN(GDNBackend):
+    name = "chunk"
+
+    def cache_spec(self, heads: GDNHeads, device, dtype: torch.dtype) -> StateSpec:
+        return ssm_spec(heads)
+
+    def train(self, mixed, g, beta, heads: GDNHeads, layout: SeqLayout) -> torch.Tensor:
+        q, k, v, gg, bb = heads.prepare_packed(mixed, g, beta, layout)
+        state = q.new_zeros(layout.num_seqs, heads.num_v_heads, heads.k_dim, heads.v_dim)
+        return layout.to_packed(chunk_output(q, k, v, gg, bb, state).transpose(1, 2))
+
+    def cached(self, mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDNStateView, layer_idx: int) -> torch.Tensor:
+        decode = layout.lengths == 1
+        if bool(decode.all()):
+            return recurrent_cached(mixed, g, beta, heads, layout, view, layer_idx)
+        ssm0 = view.gdn_state(layer_idx)["ssm"]
+        q, k, v, gg, bb = heads.prepare_packed(mixed, g, beta, layout)
+        t = q.shape[2]
+        padded = to_chunks(q, k, v, gg, bb)
+        o, states = chunk_fwd(*padded, ssm0.float())
+        o, ssm = o[:, :, :t], chunk_final_states(*padded, states, layout.lengths)
+        if bool(decode.any()):
+            o_r, s_r = recurrent_fwd(*(x[decode] for x in (q, k, v, gg, bb)), ssm0[decode].float())
+            o[decode], ssm[decode] = o_r, s_r
+        view.set_gdn_state(layer_idx, {"ssm": ssm})
+        return layout.to_packed(o.transpose(1, 2))
