@@ -24,13 +24,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from zeromismatch.jobs.train_dp import compare, run_single, spawn_worker
+from zeromismatch.models.qwen3_5 import build_model
 from zeromismatch.rl.offpolicy import Batch
 from zeromismatch.trainer import distributed as D
-from zeromismatch.trainer.trainer import microbatches
+from zeromismatch.trainer.fsdp_check import DEFAULTS, compare, run_single, spawn_worker, synthetic_batches
+from zeromismatch.trainer.scoring import microbatches
 
 WORLD = 2
-LR = 1e-3  # train_dp default
+LR = 1e-3  # fsdp_check's default
 CONFIGS = {
     "noclip": dict(grad_clip=None),  # bitwise
     "clip_exact": dict(grad_clip=1e-3),  # clipping active (grad norm ~5), exact norm: bitwise
@@ -185,9 +186,6 @@ def test_gloo_does_not_touch_nccl_env(monkeypatch):
 
 
 def test_shard_batch_is_contiguous_and_microbatch_aligned():
-    from zeromismatch.jobs.train_dp import DEFAULTS, synthetic_batches
-    from zeromismatch.models.qwen3_5 import build_model
-
     model = build_model("tiny", "stock", seed=0)
     batch = synthetic_batches(model, {**DEFAULTS, "steps": 1, "groups": 3, "samples_per_group": 3})[0]
     samples = [s for g in batch.groups for s in g.samples]

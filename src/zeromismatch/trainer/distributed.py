@@ -7,7 +7,7 @@
     weights = full_state_dict(model)           # collective: every rank calls; full tensors for the generator
 
 Parity contract (single process vs W ranks, tests/distributed/test_fsdp_cpu.py):
-- Samples are packed into microbatches exactly as in one process (trainer.microbatches over the whole
+- Samples are packed into microbatches exactly as in one process (scoring.microbatches over the whole
   batch); rank r takes a contiguous block of those microbatches. Each microbatch's forward/backward is
   therefore the same computation on the same tensors as in one process.
 - The loss is (local token sum) / (global valid tokens) and is scaled by W because FSDP averages gradients:
@@ -35,8 +35,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
+from ..models.qwen3_5.model import Qwen35ForCausalLM
 from ..rl.metrics import MAX_REDUCED_KEYS
+from ..rl.offpolicy import Batch
+from .parallelize import parallelize_generic, parallelize_qwen3_5
+from .scoring import microbatches
 
 __all__ = [
     "NCCL_INVARIANCE_ENV",
@@ -58,8 +65,8 @@ __all__ = [
     "full_state_dict",
 ]
 
-# NOTES 1: collectives pinned for run-to-run and shape invariance, set before the process group starts
-# (NCCL reads them when communicators are created).
+# Collectives pinned for run-to-run and shape invariance (the settings of the published batch-invariant
+# stack), set before the process group starts (NCCL reads them when communicators are created).
 NCCL_INVARIANCE_ENV: dict[str, str] = {
     "NCCL_LAUNCH_MODE": "GROUP",
     "NCCL_COLLNET_ENABLE": "0",
@@ -87,7 +94,7 @@ class DistInfo:
 
 
 def apply_nccl_invariance_env(environ=None) -> dict[str, str]:
-    """Set the NOTES 1 NCCL variables that the user has not set; returns the effective values.
+    """Set the NCCL_INVARIANCE_ENV variables that the user has not set; returns the effective values.
     A user value that differs from ours is kept (with a warning): the user asked for it explicitly."""
     env = os.environ if environ is None else environ
     for k, v in NCCL_INVARIANCE_ENV.items():
@@ -140,12 +147,7 @@ def apply_fsdp(model: nn.Module, mesh=None, reshard_after_forward: bool = True, 
 
     No mixed-precision policy by default: parameters, gradients and the reduce run in the parameter dtype,
     which is what makes the single-process comparison exact."""
-    from ..models.qwen3_5.model import Qwen35ForCausalLM
-    from .parallelize import parallelize_generic, parallelize_qwen3_5
-
     if mesh is None:
-        from torch.distributed.device_mesh import init_device_mesh
-
         device_type = next(model.parameters()).device.type
         if device_type == "meta":  # meta-initialized model: materialize after wrapping (to_empty + init)
             device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -155,19 +157,11 @@ def apply_fsdp(model: nn.Module, mesh=None, reshard_after_forward: bool = True, 
     return parallelize_generic(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
 
 
-def _fsdp_module_cls():
-    from torch.distributed.fsdp import FSDPModule
-
-    return FSDPModule
-
-
 def is_fsdp(model: nn.Module) -> bool:
-    return isinstance(model, _fsdp_module_cls())
+    return isinstance(model, FSDPModule)
 
 
 def _first_dtensor(model: nn.Module):
-    from torch.distributed.tensor import DTensor
-
     for p in model.parameters():
         if isinstance(p, DTensor):
             return p
@@ -193,9 +187,8 @@ def reshard(model: nn.Module) -> None:
     """Put every FSDP unit back in its sharded state (no-op without FSDP). Needed after no-grad forwards:
     FSDP2 leaves the root unit (and units built with reshard_after_forward=False) gathered after forward,
     waiting for a backward that never comes; state_dict / load_state_dict need the sharded parameters."""
-    cls = _fsdp_module_cls()
     for m in model.modules():
-        if isinstance(m, cls):
+        if isinstance(m, FSDPModule):
             m.reshard()
 
 
@@ -211,11 +204,9 @@ def assign_contiguous(n_units: int, rank: int, world: int) -> range:
 
 
 def plan_microbatches(samples, max_tokens: int, rank: int, world: int) -> tuple[list[list[int]], int]:
-    """The single-process microbatches (trainer.microbatches over ALL samples; indices into `samples`),
+    """The single-process microbatches (scoring.microbatches over ALL samples; indices into `samples`),
     the contiguous block of them that `rank` runs, and the number of forward/backward iterations every rank
     must run (the largest block: FSDP collectives must line up, so shorter ranks pad with no-op microbatches)."""
-    from .trainer import microbatches
-
     mbs = microbatches(samples, max_tokens)
     local = [mbs[i] for i in assign_contiguous(len(mbs), rank, world)]
     steps = max(len(assign_contiguous(len(mbs), r, world)) for r in range(world))
@@ -230,8 +221,6 @@ def shard_batch(samples_or_groups, rank: int, world: int, *, max_tokens: int | N
     gets exactly microbatch r when there are `world` microbatches. Deterministic, no communication.
     Note: the Trainer shards SAMPLES after computing group advantages on the whole batch (every rank passes
     the full batch); splitting Groups is for callers that want per-rank batches with whole groups."""
-    from ..rl.offpolicy import Batch
-
     if isinstance(samples_or_groups, Batch):
         b = samples_or_groups
         return Batch(step=b.step, groups=shard_batch(b.groups, rank, world), stats=dict(b.stats))
@@ -304,8 +293,6 @@ def clip_grad_norm_(parameters, max_norm: float, *, exact: bool = True, norm_typ
     and a transient full fp32 gradient copy per rank (fine for the tiny/mid presets; use exact=False at 9B).
     DTensor gradients, exact=False: DTensor partial norms reduced across ranks (torchtitan's way); the norm
     differs from the single-process one by the summation order (~1 ulp), and so does a clipped update."""
-    from torch.distributed.tensor import DTensor
-
     params = [p for p in parameters if p.grad is not None]
     grads = [p.grad for p in params]
     if not any(isinstance(g, DTensor) for g in grads):
@@ -332,8 +319,6 @@ def full_state_dict(model: nn.Module, *, to_cpu: bool = False) -> dict[str, torc
     COLLECTIVE under FSDP (every rank must call, in the same order): each DTensor is all-gathered with
     .full_tensor(). Without FSDP: detached clones. Gathering moves bits only, so the result equals the
     single-process weights bitwise."""
-    from torch.distributed.tensor import DTensor
-
     reshard(model)
     out = {}
     for k, v in model.state_dict().items():

@@ -1,11 +1,13 @@
 """The trainer's view of rollouts: one packed forward over whole sequences, logprob of every next token.
-Used by the loss and by the parity audit alike (one piece of code for 'what the trainer thinks')."""
+Used by the loss and by the parity check alike (one piece of code for 'what the trainer thinks'); and the
+packing of samples into token-budgeted microbatches."""
 
 from __future__ import annotations
 
 import torch
 
 from ..ops.logprob import token_logprobs
+from ..rl.types import Sample
 
 
 def pack(sequences: list[list[int]], device=None) -> tuple[torch.Tensor, list[int]]:
@@ -30,4 +32,19 @@ def next_token_logprobs(model, sequences: list[list[int]], tap=None) -> list[tor
         n = cu[i + 1] - cu[i] - 1
         out.append(lp[o : o + n])
         o += n
+    return out
+
+
+def microbatches(samples: list[Sample], max_tokens: int) -> list[list[int]]:
+    """Greedy packing of sample indices, in order, into microbatches of at most max_tokens tokens."""
+    out, cur, n = [], [], 0
+    for i, s in enumerate(samples):
+        length = s.token_ids.numel()
+        if cur and n + length > max_tokens:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(i)
+        n += length
+    if cur:
+        out.append(cur)
     return out

@@ -32,21 +32,6 @@ from .distributed import all_gather_objects, clip_grad_norm_, dp_rank_world, ful
 from .scoring import next_token_logprobs
 
 
-def microbatches(samples: list[Sample], max_tokens: int) -> list[list[int]]:
-    """Greedy packing of sample indices, in order, into microbatches of at most max_tokens tokens."""
-    out, cur, n = [], [], 0
-    for i, s in enumerate(samples):
-        length = s.token_ids.numel()
-        if cur and n + length > max_tokens:
-            out.append(cur)
-            cur, n = [], 0
-        cur.append(i)
-        n += length
-    if cur:
-        out.append(cur)
-    return out
-
-
 def aligned_logprobs(model, samples: list[Sample], tap=None) -> list[torch.Tensor]:
     """Trainer logprobs aligned with each sample's token_ids (entry 0, which has no context, is NaN)."""
     lps = next_token_logprobs(model, [s.token_ids.tolist() for s in samples], tap=tap)
@@ -135,7 +120,7 @@ class Trainer:
                 trainer_lp[i] = lp.detach()
         t_fwd_bwd = time.perf_counter() - t_fwd
         if self.grad_clip:
-            # plain grads: torch.nn.utils.clip_grad_norm_ as before; DTensor grads: see distributed.py
+            # plain grads: torch.nn.utils.clip_grad_norm_; DTensor grads: see distributed.py
             gnorm = clip_grad_norm_(self.model.parameters(), self.grad_clip, exact=self.exact_grad_norm)
             metrics["train/grad_norm"] = float(gnorm)
         self.opt.step()

@@ -1,7 +1,7 @@
 """Data-parallel (FSDP2) trainer steps on a fixed synthetic batch, with an optional single-process check.
 
-    torchrun --nproc_per_node=2 -m zeromismatch.jobs.train_dp --steps 2 --check
-    torchrun --nproc_per_node=2 -m zeromismatch.jobs.train_dp --grad-clip 1e-3 --check     # clipping active
+    torchrun --nproc_per_node=2 -m zeromismatch.trainer.fsdp_check --steps 2 --check
+    torchrun --nproc_per_node=2 -m zeromismatch.trainer.fsdp_check --grad-clip 1e-3 --check     # clipping active
 
 Every rank builds the same model (same seed), wraps it with FSDP2 (trainer.distributed.apply_fsdp) and runs
 Trainer.train_step on the same full batches; the trainer shards the samples. With --check, rank 0 then
@@ -10,7 +10,8 @@ weights bitwise (docs/distributed.md says what is exact and what is a tolerance)
 
 This is a torchrun entry point for the trainer side only: rollouts come from `synthetic_batches` (the
 model's own logprobs plus noise as generator logprobs), not from the generator. It is not a Hydra job.
-Also importable: the CPU test (tests/distributed/test_fsdp_cpu.py) spawns `spawn_worker`.
+Also importable: the CPU test (tests/distributed/test_fsdp_cpu.py) spawns `spawn_worker`, which must be
+importable in a child process.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from ..models.qwen3_5 import build_model
 from ..rl.losses import DAPO
 from ..rl.offpolicy import Batch
 from ..rl.types import Group, Sample, Turn
-from ..trainer.distributed import apply_fsdp, destroy_distributed, full_state_dict, init_distributed, reduce_metrics
-from ..trainer.scoring import next_token_logprobs
-from ..trainer.trainer import Trainer
+from .distributed import apply_fsdp, destroy_distributed, init_distributed, reduce_metrics
+from .scoring import next_token_logprobs
+from .trainer import Trainer
 
 DEFAULTS = dict(
     preset="tiny",
