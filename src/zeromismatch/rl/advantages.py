@@ -1,6 +1,6 @@
 """Group-relative advantages (GRPO family) and the zero-spread group filter.
 
-Recipes (NOTES 6): math uses A = r - mean(r) per group, no std division, and drops groups whose
+Recipes (the published ones): math uses A = r - mean(r) per group, no std division, and drops groups whose
 rewards are all equal (all correct / all wrong); Search-R1 divides by the group std.
 """
 

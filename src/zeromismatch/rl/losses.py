@@ -6,7 +6,7 @@ All per-token inputs share one shape (any shape; the ops are elementwise, reduct
   advantages        per-token advantage (a sample's advantage broadcast over its tokens).
   loss_mask         1 = generated token trained on.
 
-Common rules (NOTES 4-6):
+Common rules (as in the published async-RL recipes):
 - valid = loss_mask & isfinite(gen_logprobs); invalid tokens leave numerator AND denominator.
 - ratio = exp(clamp(trainer - anchor, -10, 10)); anchor = gen_logprobs (the generator is the old
   policy), or `proximal_logprobs` when given (decoupled PPO: trust region around a proximal policy,

@@ -1,7 +1,7 @@
 """Which tokens count, and what to divide by.
 
 Losses and metrics share these two helpers so that the loss and every logged mismatch number see
-exactly the same token set (NOTES 4): a token is *valid* iff it is in the loss mask AND its generator
+exactly the same token set: a token is *valid* iff it is in the loss mask AND its generator
 logprob is finite. Invalid tokens leave both numerator and denominator.
 
 Data parallelism: each rank computes `count_valid_tokens` on its shard, the caller all-reduces the

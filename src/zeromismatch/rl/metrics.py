@@ -1,4 +1,4 @@
-"""Trainer/generator mismatch metrics (names as NOTES 4 logs them) and policy age.
+"""Trainer/generator mismatch metrics (named as the published write-up logs them) and policy age.
 
 Token set: valid = loss_mask & isfinite(gen_logprobs) (masking.py), the same set the loss uses.
 diff = trainer_logprob - generator_logprob per valid token.
@@ -56,7 +56,7 @@ def mismatch_metrics(
     global_valid_tokens: int | float | torch.Tensor | None = None,
     diff_threshold: float = 1e-6,
 ) -> dict[str, torch.Tensor]:
-    """The NOTES 4 mismatch metrics, as 0-dim float64 tensors.
+    """The mismatch metrics, as 0-dim float64 tensors.
 
     bit_wise/logprob_diff/abs_mean            sum |diff| / N   (the headline)
     bit_wise/logprob_diff/mean                sum diff / N

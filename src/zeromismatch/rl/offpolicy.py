@@ -1,4 +1,4 @@
-"""offpolicy-N bookkeeping (NOTES 5), as pure single-threaded logic.
+"""offpolicy-N bookkeeping, as pure single-threaded logic.
 
 Versions and steps. Weight version v = trainer weights after v optimizer steps (one step per batch).
 Training step s consumes one batch with weights version s and produces version s + 1, so the
