@@ -16,11 +16,11 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from zeromismatch.jobs import JobError, get_job
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
-    from zeromismatch.jobs import JobError, get_job
-
     OmegaConf.resolve(cfg)  # one value for ${now:...} etc. everywhere in this run
     try:
         job = get_job(cfg.job.name)

@@ -13,7 +13,7 @@ import zeromismatch.generator.engine as engine_mod
 from gen_helpers import VOCAB, assert_same_outputs, prompts_of, run_all
 from zeromismatch.generator import Engine, SamplingParams
 from zeromismatch.generator.cache import BLOCK_SIZE
-from zeromismatch.jobs.parity import generate
+from zeromismatch.parity import generate
 
 
 def make(model, **kw):

@@ -7,7 +7,7 @@ import torch
 from gen_helpers import assert_no_leak, assert_same_outputs, prompts_of, run_all
 from zeromismatch.generator import Engine, SamplingParams
 from zeromismatch.generator.cache import SNAPSHOT_KEYS, BatchCacheView, CacheStorage
-from zeromismatch.jobs.parity import generate
+from zeromismatch.parity import generate
 from zeromismatch.trainer.scoring import next_token_logprobs
 
 

@@ -1,5 +1,5 @@
-"""SFT job: the cache (a second run loads bitwise-identical weights without training; other jobs find the
-same entry; another hyperparameter makes another entry) and the eval job / evaluate()."""
+"""SFT warm start: the cache (a second run loads bitwise-identical weights without training; other jobs find
+the same entry; another hyperparameter makes another entry), the sft and eval jobs, and evaluate()."""
 
 from __future__ import annotations
 
@@ -9,10 +9,15 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from zeromismatch import sft
+from zeromismatch.config import config_hash
+from zeromismatch.evaluation import evaluate
 from zeromismatch.jobs import eval as eval_job
 from zeromismatch.jobs import sft as sft_job
-from zeromismatch.jobs.common import build_task, get_tokenizer
 from zeromismatch.models.qwen3_5 import build_model, load_checkpoint
+from zeromismatch.sft import warm_start
+from zeromismatch.tasks.math.task import get_tokenizer
+from zeromismatch.tasks.registry import build_task
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 # a very short SFT: few steps, small batches, short measurements
@@ -50,7 +55,7 @@ def tmp(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def first(tmp):
-    return sft_job.run_sft(_sft_cfg(tmp))
+    return sft.run_sft(_sft_cfg(tmp))
 
 
 def test_sft_trains_and_stores(first, tmp):
@@ -71,8 +76,8 @@ def test_second_run_is_a_cache_hit_with_identical_weights(first, tmp, monkeypatc
     def no_training(*a, **k):
         raise AssertionError("a cache hit must not train")
 
-    monkeypatch.setattr(sft_job, "train_sft", no_training)
-    second = sft_job.run_sft(_sft_cfg(tmp))
+    monkeypatch.setattr(warm_start, "train_sft", no_training)
+    second = sft.run_sft(_sft_cfg(tmp))
     assert "SFT cache hit" in capsys.readouterr().out
     assert second.cache_hit and second.path == first.path
     assert second.summary == first.summary  # the stored summary, not a new measurement
@@ -82,18 +87,14 @@ def test_second_run_is_a_cache_hit_with_identical_weights(first, tmp, monkeypatc
         assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
     # other jobs (RL, eval) resolve the same entry from conf/job/sft.yaml + cfg.job.sft overrides
     other = _compose(tmp, "job=eval", f"+job.sft={{{','.join(f'{k}:{v}' for k, v in SFT_KNOBS.items())},cache_dir:{tmp / 'sft'}}}")
-    assert sft_job.ensure_sft_checkpoint(other) == first.path
+    assert sft.ensure_sft_checkpoint(other) == first.path
     # the SFT numerics are not part of the key: a stock run shares the bi run's checkpoint
-    assert sft_job.ensure_sft_checkpoint(_sft_cfg(tmp, "numerics=stock")) == first.path
+    assert sft.ensure_sft_checkpoint(_sft_cfg(tmp, "numerics=stock")) == first.path
 
 
 def test_other_hyperparameters_other_entry(first, tmp):
     cfg = _sft_cfg(tmp, "job.lr=0.002")
-    key = sft_job.sft_key(
-        sft_job.sft_job_config(cfg), sft_job.settings_from_cfg(cfg), get_tokenizer(cfg), Path(cfg.job.data)
-    )
-    from zeromismatch.jobs.common import config_hash
-
+    key = sft.sft_key(sft.sft_job_config(cfg), sft.settings_from_cfg(cfg), get_tokenizer(cfg), Path(cfg.job.data))
     assert config_hash(key) != first.path.name
 
 
@@ -108,11 +109,11 @@ def test_evaluate_random_model(tmp):
     cfg = _compose(tmp, "job=eval")
     model = build_model("tiny", "bi", seed=3).eval()
     with build_task(cfg) as task:
-        res = eval_job.evaluate(model, task, n=3, max_new_tokens=5)
+        res = evaluate(model, task, n=3, max_new_tokens=5)
         assert res["n"] == 3 and res["samples"] == 3
         assert 0.0 <= res["accuracy"] <= 1.0 and 0 < res["mean_len"] <= 5
-        assert eval_job.evaluate(model, task, n=3, max_new_tokens=5)["accuracy"] == res["accuracy"]
-        sampled = eval_job.evaluate(model, task, n=2, greedy=False, samples_per_prompt=2, max_new_tokens=5, split="train")
+        assert evaluate(model, task, n=3, max_new_tokens=5)["accuracy"] == res["accuracy"]
+        sampled = evaluate(model, task, n=2, greedy=False, samples_per_prompt=2, max_new_tokens=5, split="train")
         assert sampled["n"] == 2 and sampled["samples"] == 4 and 0.0 <= sampled["accuracy"] <= 1.0
 
 

@@ -5,16 +5,14 @@ import pytest
 import torch
 
 from zeromismatch.generator import Engine, SamplingParams
-from zeromismatch.jobs.parity import compare_logprobs, generate, random_prompts
+from zeromismatch.models.qwen3_5 import build_model
+from zeromismatch.parity import check_parity, random_prompts
 from zeromismatch.trainer.scoring import next_token_logprobs
 
 
-def assert_bitwise(model, outs):
-    with torch.no_grad():
-        lps = next_token_logprobs(model, [o.all_tokens for o in outs])
-    for o, lp in zip(outs, lps):
-        p = len(o.prompt_ids)
-        assert torch.equal(lp[p - 1 : p - 1 + len(o.tokens)], o.logprob_tensor), f"request {o.request_id}"
+def assert_bitwise(res):
+    """Every sequence's trainer logprobs torch.equal the generator's."""
+    assert res.bitwise, f"requests {res.unequal_requests()} differ: max |diff| {res.stats['max_abs_diff']:.3e}"
 
 
 SCHEDULES = [
@@ -28,8 +26,7 @@ def run(model, prompts, params, sched, **kw):
     n = len(prompts)
     order = {"reversed": list(range(n))[::-1], "shuffled": torch.randperm(n, generator=torch.Generator().manual_seed(3)).tolist()}.get(sched.get("order"))
     arrivals = [i // 2 * 3 for i in range(n)] if sched.get("arrivals") == "staggered" else None
-    outs, eng = generate(model, prompts, params, max_slots=sched["max_slots"], max_batched_tokens=sched.get("max_batched_tokens", 2048), order=order, arrivals=arrivals, **kw)
-    return outs, eng
+    return check_parity(model, prompts, params, max_slots=sched["max_slots"], max_batched_tokens=sched.get("max_batched_tokens", 2048), order=order, arrivals=arrivals, **kw)
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny_moe"])
@@ -40,10 +37,10 @@ def test_bitwise_parity_across_schedules(tiny_models, preset, numerics):
     params = [SamplingParams(max_new_tokens=8 + (i % 4) * 4, seed=100 + i) for i in range(16)]
     first = None
     for sched in SCHEDULES:
-        outs, _ = run(model, prompts, params, sched)
-        assert_bitwise(model, outs)
+        res = run(model, prompts, params, sched)
+        assert_bitwise(res)
         # the generator itself is batch-invariant: same seeds -> same samples under any schedule
-        toks = [o.tokens for o in outs]
+        toks = [o.tokens for o in res.outputs]
         assert first is None or toks == first
         first = toks
 
@@ -56,12 +53,12 @@ def test_parity_with_prefix_cache_hits(tiny_models, numerics):
     prompts = [shared + torch.randint(0, 2048, (int(n),), generator=g).tolist() for n in (1, 5, 30, 70, 0, 12)]
     prompts[4] = shared  # the whole prompt is the cached prefix but for its last block
     params = [SamplingParams(max_new_tokens=10, seed=i) for i in range(len(prompts))]
-    outs, eng = generate(model, prompts, params, max_slots=8)
-    assert eng.stats["prefix_hit_tokens"] >= 128 * (len(prompts) - 1)
-    assert_bitwise(model, outs)
-    cold, cold_eng = generate(model, prompts, params, max_slots=8, prefix_caching=False)
-    assert cold_eng.stats["prefix_hit_tokens"] == 0
-    assert [o.tokens for o in outs] == [o.tokens for o in cold]
+    res = check_parity(model, prompts, params, max_slots=8)
+    assert res.engine.stats["prefix_hit_tokens"] >= 128 * (len(prompts) - 1)
+    assert_bitwise(res)
+    cold = check_parity(model, prompts, params, max_slots=8, prefix_caching=False)
+    assert cold.engine.stats["prefix_hit_tokens"] == 0
+    assert [o.tokens for o in res.outputs] == [o.tokens for o in cold.outputs]
 
 
 @pytest.mark.parametrize("numerics", ["bi", "bi_chunk"])
@@ -100,8 +97,6 @@ def perturbed(model, seed):
 
 @pytest.mark.parametrize("numerics", ["bi", "bi_chunk"])
 def test_parity_across_weight_swap_recompute(numerics):
-    from zeromismatch.models.qwen3_5 import build_model
-
     model = build_model("tiny", numerics, seed=3).eval()
     old = {k: v.clone() for k, v in model.state_dict().items()}
     new = perturbed(model, 9)
@@ -134,8 +129,6 @@ def test_parity_across_weight_swap_recompute(numerics):
 def test_keep_cache_swap_mixes_versions():
     """The default policy (as the published runs): caches survive the swap, so post-swap tokens are NOT
     what a fresh forward under the new weights gives: that gap is staleness, not numerics."""
-    from zeromismatch.models.qwen3_5 import build_model
-
     model = build_model("tiny", "bi", seed=3).eval()
     new = perturbed(model, 9)
     eng = Engine(model, max_slots=4, swap_policy="keep")
@@ -161,7 +154,6 @@ def test_keep_cache_swap_mixes_versions():
 def test_stock_mismatch_is_nonzero_and_reported(tiny_models):
     model = tiny_models("tiny", "stock")
     prompts = random_prompts(8, 2048, seed=7)
-    outs, _ = generate(model, prompts, [SamplingParams(max_new_tokens=8, seed=i) for i in range(8)], max_slots=8)
-    res = compare_logprobs(model, outs)
+    res = check_parity(model, prompts, [SamplingParams(max_new_tokens=8, seed=i) for i in range(8)], max_slots=8).stats
     print(f"stock: max_abs_diff={res['max_abs_diff']:.3e} abs_mean={res['abs_mean']:.3e} tokens={res['tokens']}")
     assert res["max_abs_diff"] > 0

@@ -11,7 +11,8 @@ import pytest
 from zeromismatch.tasks.base import PromptItem, Task, cycle_shuffled
 from zeromismatch.tasks.math.offline import HELDOUT_SIZE, write_offline_math
 from zeromismatch.tasks.math.task import MathTask, ensure_offline_math, get_tokenizer, tokenizer_fingerprint
-from zeromismatch.tasks.tokenizer import ENDOFTEXT, IM_END, render_prompt
+from zeromismatch.tasks.math.prompts import render_prompt
+from zeromismatch.tasks.tokenizer import ENDOFTEXT, IM_END
 
 N_TRAIN = 200
 

@@ -7,14 +7,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from zeromismatch.tasks.math.offline import offline_math_splits, tokenizer_corpus
-from zeromismatch.tasks.math.prompts import dapo_prompt
+from zeromismatch.tasks.math.prompts import dapo_prompt, render_prompt
 from zeromismatch.tasks.tokenizer import (
     CHAT_TEMPLATE,
     ENDOFTEXT,
     IM_END,
     IM_START,
     load_tokenizer,
-    render_prompt,
     train_tokenizer,
 )
 

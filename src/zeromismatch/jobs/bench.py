@@ -1,26 +1,25 @@
 """`python run.py job=bench model=tiny`: what parity costs, measured side by side in one process.
 
-For each numerics mode, on the same random-weight model: the trainer's packed forward+backward over
-job.batch x job.seq_len tokens, and the generator's throughput (continuous batching, job.gen_prompts
-prompts, job.gen_tokens new tokens each). Medians over job.repeats; ratios against stock. Writes a JSON
-record (command, machine, versions, numbers) to job.out when set.
+For each numerics mode (job.modes; kernel policies from cfg.numerics), on the same random-weight model: the
+trainer's packed forward+backward over job.batch x job.seq_len tokens, and the generator's throughput
+(continuous batching, job.gen_prompts prompts, job.gen_tokens new tokens each). Medians over job.repeats;
+ratios against stock. Writes a JSON record (command, machine, versions, numerics node, numbers) to job.out
+when set.
 """
 
 from __future__ import annotations
 
-import json
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
+from ..config import numerics_spec
 from ..generator import Engine, SamplingParams
+from ..logging.record import results_record, write_record
 from ..models.qwen3_5 import build_model
 from ..ops.logprob import token_logprobs
-from .parity import random_prompts
+from ..parity import random_prompts
 
 MODES = ("stock", "bi", "bi_chunk")
 
@@ -35,8 +34,8 @@ def _median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def bench_mode(preset: str, mode: str, job, seed: int) -> dict:
-    model = build_model(preset, mode, seed=seed)
+def bench_mode(preset: str, numerics, job, seed: int) -> dict:
+    model = build_model(preset, numerics, seed=seed)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (job.batch * job.seq_len,), generator=g)
     cu = list(range(0, ids.numel() + 1, job.seq_len))
@@ -66,7 +65,7 @@ def bench_mode(preset: str, mode: str, job, seed: int) -> dict:
 def main(cfg) -> dict:
     job = cfg.job
     modes = list(job.get("modes") or MODES)
-    res = {m: bench_mode(cfg.model.preset, m, job, int(cfg.seed)) for m in modes}
+    res = {m: bench_mode(cfg.model.preset, numerics_spec(cfg, name=m), job, int(cfg.seed)) for m in modes}
     if "stock" in res:
         for m in modes:
             res[m]["trainer_time_vs_stock"] = res[m]["trainer_fwd_bwd_s"] / res["stock"]["trainer_fwd_bwd_s"]
@@ -75,15 +74,12 @@ def main(cfg) -> dict:
     for m, r in res.items():
         print(f"{m:<10}{r['trainer_tokens_per_s']:>15.0f}{r.get('trainer_time_vs_stock', float('nan')):>9.2f}"
               f"{r['generator_tokens_per_s']:>18.0f}{r.get('generator_time_vs_stock', float('nan')):>9.2f}")
-    record = {
-        "command": "python run.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()} {platform.processor()}, torch threads={torch.get_num_threads()}",
-        "torch": torch.__version__,
-        "model": cfg.model.preset,
-        "setup": {k: job.get(k) for k in ("batch", "seq_len", "gen_prompts", "gen_tokens", "repeats")},
-        "results": res,
-    }
+    record = results_record(
+        cfg,
+        modes=modes,
+        setup={k: job.get(k) for k in ("batch", "seq_len", "gen_prompts", "gen_tokens", "repeats")},
+        results=res,
+    )
     if job.get("out"):
-        Path(job.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(job.out).write_text(json.dumps(record, indent=2))
+        write_record(job.out, record)
     return record

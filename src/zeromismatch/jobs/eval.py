@@ -1,99 +1,27 @@
-"""Evaluate a model on a task's held-out set with the generator engine.
+"""`python run.py job=eval`: a checkpoint's accuracy on the task's held-out set (evaluation.py).
 
     python run.py job=eval model=tiny                          # the SFT checkpoint of this config (cached)
     python run.py job=eval model.checkpoint=<dir> job.temperature=0
 
-``evaluate(model, task)`` is what the RL job calls every rl.eval_every steps and logs as
-``validation_reward/_mean`` (greedy by default: temperature 0). ``main`` evaluates cfg.model.checkpoint,
-or, without one, the SFT checkpoint of this config (``jobs.sft.ensure_sft_checkpoint``: loaded from the
-cache, trained first on a miss), with cfg.job's temperature / samples_per_prompt / max_new_tokens.
+Evaluates cfg.model.checkpoint, or, without one, the SFT checkpoint of this config (loaded from the cache,
+trained first on a miss), with cfg.job's temperature (0 = greedy, what the RL job logs) /
+samples_per_prompt / max_new_tokens / n / split.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
-METRIC = "validation_reward/_mean"
-
-
-def evaluate(
-    model,
-    task,
-    n: int | None = None,
-    greedy: bool = True,
-    max_new_tokens: int = 128,
-    *,
-    temperature: float = 1.0,
-    samples_per_prompt: int = 1,
-    seed: int = 0,
-    split: str = "eval",
-    cfg_generator: Any = None,
-) -> dict:
-    """Generate for the first ``n`` (default all) prompts of ``task.eval_prompts()`` (``split="train"``:
-    the first ``n`` of ``task.train_prompts()``) and score them with ``task.reward``.
-
-    Greedy (temperature 0) unless ``greedy=False``, then ``temperature`` with per-request seeds
-    ``seed + request index`` and ``samples_per_prompt`` samples each. Returns ``accuracy`` (mean reward
-    over all samples), ``n`` (prompts), ``samples``, ``mean_len`` (generated tokens, stop token included),
-    ``truncated`` (fraction that hit max_new_tokens) and ``seconds``.
-    """
-    from zeromismatch.generator import SamplingParams
-    from zeromismatch.jobs.common import make_engine
-
-    if split == "eval":
-        items = task.eval_prompts()
-        items = items if n is None else items[: int(n)]
-    elif split == "train":
-        if n is None:
-            raise ValueError("split='train' needs n: the train iterator is infinite")
-        it = task.train_prompts()
-        items = [next(it) for _ in range(int(n))]
-    else:
-        raise ValueError(f"split must be 'eval' or 'train', got {split!r}")
-    if not items:
-        return {"accuracy": 0.0, "n": 0, "samples": 0, "mean_len": 0.0, "truncated": 0.0, "seconds": 0.0}
-    k = 1 if greedy else int(samples_per_prompt)
-    prompts = [it.prompt_ids for it in items for _ in range(k)]
-    golds = [it.gold for it in items for _ in range(k)]
-    params = [
-        SamplingParams(
-            temperature=0.0 if greedy else float(temperature),
-            max_new_tokens=int(max_new_tokens),
-            stop_token_ids=tuple(task.stop_token_ids),
-            seed=int(seed) + i,
-        )
-        for i in range(len(prompts))
-    ]
-    t0 = time.perf_counter()
-    was_training = model.training
-    model.eval()
-    try:
-        outputs = make_engine(model, prompts, int(max_new_tokens), cfg_generator).generate(prompts, params)
-    finally:
-        model.train(was_training)
-    rewards = [task.reward(o.tokens, g) for o, g in zip(outputs, golds)]
-    return {
-        "accuracy": sum(rewards) / len(rewards),
-        "n": len(items),
-        "samples": len(rewards),
-        "mean_len": sum(len(o.tokens) for o in outputs) / len(outputs),
-        "truncated": sum(o.finish_reason == "length" for o in outputs) / len(outputs),
-        "seconds": time.perf_counter() - t0,
-    }
+from ..evaluation import VALIDATION_METRIC, evaluate
+from ..logging import MetricsLogger
+from ..model_init import load_model
+from ..sft import ensure_sft_checkpoint
+from ..tasks.math.task import get_tokenizer, has_tokenizer
+from ..tasks.registry import build_task
+from ..tasks.tokenizer import load_tokenizer
 
 
 def main(cfg) -> dict:
-    from zeromismatch.jobs.common import build_task, get_tokenizer, has_tokenizer, load_model
-    from zeromismatch.logging import MetricsLogger
-    from zeromismatch.tasks.tokenizer import load_tokenizer
-
     job = cfg.job
-    checkpoint = cfg.model.get("checkpoint")
-    if not checkpoint:
-        from zeromismatch.jobs.sft import ensure_sft_checkpoint
-
-        checkpoint = str(ensure_sft_checkpoint(cfg))
+    checkpoint = cfg.model.get("checkpoint") or str(ensure_sft_checkpoint(cfg))
     tokenizer = load_tokenizer(checkpoint) if has_tokenizer(checkpoint) and not cfg.model.get("tokenizer") else get_tokenizer(cfg)
     model = load_model(cfg, checkpoint=checkpoint)
     temperature = float(job.get("temperature", 0.0))
@@ -118,7 +46,7 @@ def main(cfg) -> dict:
         flush=True,
     )
     with MetricsLogger.from_cfg(cfg) as log:
-        log.log({METRIC: res["accuracy"], "eval/mean_len": res["mean_len"], "eval/truncated": res["truncated"]}, step=0)
-        log.summary({METRIC: res["accuracy"], "eval/n": res["n"]})
+        log.log({VALIDATION_METRIC: res["accuracy"], "eval/mean_len": res["mean_len"], "eval/truncated": res["truncated"]}, step=0)
+        log.summary({VALIDATION_METRIC: res["accuracy"], "eval/n": res["n"]})
         run_dir = str(log.run_dir)
     return {**res, "checkpoint": str(checkpoint), "run_dir": run_dir}

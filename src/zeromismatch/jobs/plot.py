@@ -11,23 +11,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ..config import to_plain
 from ..plots.figures import PlotError, build_figures, written_files
 
 
-def _plain(value: Any) -> Any:
-    """OmegaConf containers -> Python lists / dicts; scalars unchanged."""
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(value):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    return value
-
-
 def _list(value: Any) -> list:
-    value = _plain(value)
+    value = to_plain(value)
     if value is None:
         return []
     return [value] if isinstance(value, str) else list(value)
@@ -36,7 +25,7 @@ def _list(value: Any) -> list:
 def main(cfg) -> dict:
     job = cfg.job
     runs = _list(job.get("runs", "runs/*"))
-    figures = _plain(job.get("figures", "all"))
+    figures = to_plain(job.get("figures", "all"))
     try:
         index = build_figures(
             runs,

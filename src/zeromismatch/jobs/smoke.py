@@ -13,26 +13,17 @@ from __future__ import annotations
 import math
 import time
 
+import torch
+
+from ..logging import MetricsLogger
+from ..model_init import load_model
+from ..ops.logprob import token_logprobs
+
 
 def main(cfg) -> dict:
-    import torch
-    from omegaconf import OmegaConf
-
-    from zeromismatch.logging import MetricsLogger
-    from zeromismatch.models.qwen3_5 import build_model
-    from zeromismatch.ops.logprob import token_logprobs
-
     job, tr = cfg.job, cfg.trainer
-    device, dtype = torch.device(cfg.device), getattr(torch, tr.dtype)
-    overrides = OmegaConf.to_container(cfg.model.overrides, resolve=True) if cfg.model.get("overrides") else {}
-    if cfg.model.get("checkpoint"):
-        if overrides:
-            raise ValueError("model.overrides only apply to a random init; the checkpoint's config.json is used as is")
-        from zeromismatch.models.qwen3_5.checkpoint import load_checkpoint
-
-        model = load_checkpoint(cfg.model.checkpoint, numerics=cfg.numerics.name, device=device, dtype=dtype)
-    else:
-        model = build_model(cfg.model.preset, cfg.numerics.name, seed=cfg.seed, device=device, dtype=dtype, **overrides)
+    device = torch.device(cfg.device)
+    model = load_model(cfg)
     model.train()
     n_params = model.num_parameters()
     opt = torch.optim.AdamW(

@@ -14,17 +14,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from omegaconf import OmegaConf
+
+from ..config import cfg_get
+
 WANDB_MODES = ("auto", "offline", "online", "disabled")
 JSONL_NAME = "metrics.jsonl"
 _WANDB_INTERNAL = ("_step", "_runtime", "_timestamp")
-
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    """Read a key from a DictConfig, a dict or None."""
-    if cfg is None:
-        return default
-    value = cfg.get(key, default)
-    return default if value is None else value
 
 
 def resolve_wandb_mode(mode: str | None = "auto", env: Mapping[str, str] | None = None) -> str:
@@ -92,16 +88,16 @@ class MetricsLogger:
 
     def __init__(self, cfg_logging: Any, run_name: str, config_dict: Mapping[str, Any] | None = None):
         self.run_name = run_name
-        self.run_dir = _unique_dir(Path(_get(cfg_logging, "run_dir", f"runs/{run_name}")))
+        self.run_dir = _unique_dir(Path(cfg_get(cfg_logging, "run_dir", f"runs/{run_name}")))
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl_path = self.run_dir / _get(cfg_logging, "jsonl", JSONL_NAME)
+        self.jsonl_path = self.run_dir / cfg_get(cfg_logging, "jsonl", JSONL_NAME)
         self._fh = open(self.jsonl_path, "a", encoding="utf-8")
         self._summary: dict[str, Any] = {}
         self._last_step: int | None = None
         if config_dict is not None:
             (self.run_dir / "config.json").write_text(json.dumps(dict(config_dict), indent=2, default=str))
-        wcfg = _get(cfg_logging, "wandb", {})
-        self.wandb_mode = resolve_wandb_mode(_get(wcfg, "mode", "auto"))
+        wcfg = cfg_get(cfg_logging, "wandb", {})
+        self.wandb_mode = resolve_wandb_mode(cfg_get(wcfg, "mode", "auto"))
         if self.wandb_mode == "online" and not _have_wandb_key():
             warnings.warn("W&B mode is online but no API key is set (WANDB_API_KEY or ~/.netrc); using offline")
             self.wandb_mode = "offline"
@@ -110,8 +106,6 @@ class MetricsLogger:
     @classmethod
     def from_cfg(cls, cfg: Any) -> "MetricsLogger":
         """The logger of a run.py job: cfg.logging, cfg.run_name, and the whole resolved config."""
-        from omegaconf import OmegaConf
-
         return cls(cfg.logging, cfg.run_name, OmegaConf.to_container(cfg, resolve=True))
 
     def _init_wandb(self, wcfg: Any, config_dict: Mapping[str, Any] | None):
@@ -124,10 +118,10 @@ class MetricsLogger:
             return None
         try:
             return wandb.init(
-                project=_get(wcfg, "project", "zeromismatch"),
-                entity=_get(wcfg, "entity"),
-                group=_get(wcfg, "group"),
-                tags=list(_get(wcfg, "tags", [])) or None,
+                project=cfg_get(wcfg, "project", "zeromismatch"),
+                entity=cfg_get(wcfg, "entity"),
+                group=cfg_get(wcfg, "group"),
+                tags=list(cfg_get(wcfg, "tags", [])) or None,
                 name=self.run_name,
                 config=dict(config_dict) if config_dict is not None else None,
                 dir=str(self.run_dir),

@@ -1,6 +1,8 @@
-"""Model-independent RL pieces: rollout types, advantages, losses, mismatch metrics, offpolicy-N logic.
+"""Model-independent RL algorithms: rollout types, advantages, losses, masking, mismatch metrics and the
+offpolicy-N rules (the run-ahead buffer).
 
-Plain torch, no model or process-group dependencies, so every rule here is unit-testable on CPU.
+Plain torch: no model, no threads, no process groups, so every rule here is unit-testable on CPU. Who runs
+these pieces where (generator threads or processes, weight transfer) is orchestration/.
 """
 
 from .advantages import GroupFilterCounts, broadcast_to_tokens, compute_group_advantages, group_advantages

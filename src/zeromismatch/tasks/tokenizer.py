@@ -1,5 +1,5 @@
-"""Tokenizers: train a tiny byte-level BPE for the offline presets, load any local tokenizer,
-and render a math prompt through the chat template.
+"""Tokenizers: train a tiny byte-level BPE for the offline presets and load any local tokenizer
+(rendering a math prompt through the chat template: tasks/math/prompts.py).
 
 The tiny tokenizer follows Qwen's conventions (``<|im_start|>``/``<|im_end|>`` chat markup, eos
 ``<|im_end|>``, pad ``<|endoftext|>``, one token per digit) so that code paths written for the
@@ -15,8 +15,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-from zeromismatch.tasks.math.prompts import dapo_prompt
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
@@ -111,22 +109,3 @@ def load_tokenizer(path: str | os.PathLike):
     if tok.chat_template is None:
         raise ValueError(f"{path}: tokenizer has no chat_template; render_prompt needs one")
     return tok
-
-
-def render_prompt(
-    tokenizer, problem_text: str, *, dapo_template: bool = True, **template_kwargs
-) -> list[int]:
-    """Token ids of the chat-formatted user turn plus the assistant header (generation prompt).
-
-    With ``dapo_template`` the bare problem is first wrapped in the DAPO instruction; pass False
-    when ``problem_text`` is already the full user message. ``template_kwargs`` reach the chat
-    template (e.g. ``enable_thinking=False`` for Qwen3.5).
-    """
-    content = dapo_prompt(problem_text) if dapo_template else problem_text
-    messages = [{"role": "user", "content": content}]
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **template_kwargs
-    )
-    # The template already holds every special token; add_special_tokens=False keeps the
-    # tokenizer from adding a BOS of its own (Qwen has none, other families do).
-    return tokenizer.encode(text, add_special_tokens=False)

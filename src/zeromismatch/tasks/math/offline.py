@@ -18,6 +18,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from zeromismatch.tasks.math.prompts import dapo_prompt
 
 DATA_SOURCE = "zeromismatch/offline_math"
@@ -25,7 +28,7 @@ HELDOUT_SIZE = 30
 HELDOUT_SEED = 2025  # fixed so every run evaluates on the same 30 problems
 TRAIN_LEVELS = {1: 0.30, 2: 0.35, 3: 0.25, 4: 0.10}  # level 4 appears so held-out formats are not unseen
 # harder than train on average (mean level 2.9 vs 2.15) but within reach of a tiny model after SFT + a few
-# minutes of RL: a levels 3-4 set measured 0/30 before and after (so RL progress was invisible)
+# minutes of RL: on a levels 3-4 set the tiny model scores 0/30 both before and after RL, which hides progress
 HELDOUT_LEVELS = {2: 0.3, 3: 0.5, 4: 0.2}
 _MAX_DRAWS = 1000
 
@@ -257,9 +260,6 @@ def write_offline_math(out_dir: str | Path, n_train: int = 20000, seed: int = 0)
     message), ``response`` (worked solution ending in "Answer: N"), ``answer``, ``level``.
     Returns the written paths by name. Same arguments, same bytes.
     """
-    import pyarrow as pa  # imported here so that importing the task package stays cheap
-    import pyarrow.parquet as pq
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     splits = offline_math_splits(n_train, seed)

@@ -1,4 +1,5 @@
-"""The DAPO math prompt and the answer extraction that goes with it.
+"""The DAPO math prompt, its rendering through a chat template, and the answer extraction that goes
+with it.
 
 DAPO-Math-17k asks for the final answer on a last line of the form ``Answer: <answer>``; the
 reward reads that line back. Both halves live here so the template and the parser cannot drift.
@@ -93,3 +94,22 @@ def last_number(text: str) -> str | None:
     for last in _NUMBER_RE.finditer(text):
         pass
     return last.group(0) if last else None
+
+
+def render_prompt(
+    tokenizer, problem_text: str, *, dapo_template: bool = True, **template_kwargs
+) -> list[int]:
+    """Token ids of the chat-formatted user turn plus the assistant header (generation prompt).
+
+    With ``dapo_template`` the bare problem is first wrapped in the DAPO instruction; pass False
+    when ``problem_text`` is already the full user message. ``template_kwargs`` reach the chat
+    template (e.g. ``enable_thinking=False`` for Qwen3.5).
+    """
+    content = dapo_prompt(problem_text) if dapo_template else problem_text
+    messages = [{"role": "user", "content": content}]
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+    )
+    # The template already holds every special token; add_special_tokens=False keeps the
+    # tokenizer from adding a BOS of its own (Qwen has none, other families do).
+    return tokenizer.encode(text, add_special_tokens=False)

@@ -1,4 +1,5 @@
-"""The math RL task (NOTES 6) over the offline problems or the published data, and its tokenizer.
+"""The math RL task (the DAPO recipe: binary math-verify reward, integer answers) over the offline problems
+or the published data, and its tokenizer.
 
     tok = get_tokenizer(cfg)                          # tiny presets: trained once, cached
     task = MathTask(cfg.task, tok, seed=cfg.seed)
@@ -28,39 +29,20 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
+import zeromismatch.tasks.math.offline as offline_module
+from zeromismatch.config import cfg_get, to_plain
+from zeromismatch.models.qwen3_5 import get_preset
 from zeromismatch.tasks.base import PromptItem, Task, cycle_shuffled, locked
+from zeromismatch.tasks.math.data import load_aime2025, load_dapo_math
 from zeromismatch.tasks.math.offline import HELDOUT_SIZE, offline_math_splits, tokenizer_corpus, write_offline_math
-from zeromismatch.tasks.math.prompts import strip_dapo_template
+from zeromismatch.tasks.math.prompts import render_prompt, strip_dapo_template
 from zeromismatch.tasks.math.reward import MathVerifier
-from zeromismatch.tasks.tokenizer import ENDOFTEXT, IM_END, MAX_TINY_VOCAB, load_tokenizer, render_prompt, train_tokenizer
+from zeromismatch.tasks.tokenizer import ENDOFTEXT, IM_END, MAX_TINY_VOCAB, load_tokenizer, train_tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 _TOKENIZER_CACHE_VERSION = 1  # bump when train_tokenizer's output changes for the same corpus
-
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    """cfg[key] for a DictConfig, dict or attribute object; default when absent or None."""
-    if cfg is None:
-        return default
-    if isinstance(cfg, dict):
-        value = cfg.get(key, default)
-    elif hasattr(cfg, "get"):
-        value = cfg.get(key, default)
-    else:
-        value = getattr(cfg, key, default)
-    return default if value is None else value
-
-
-def _plain(value: Any) -> Any:
-    """OmegaConf containers -> Python containers; anything else as is."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    return value
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -68,12 +50,12 @@ def _plain(value: Any) -> Any:
 
 def offline_paths(cfg_task: Any) -> dict[str, Path]:
     """The offline files the config names: train / eval parquet and the SFT jsonl."""
-    off = _get(cfg_task, "offline")
-    root = Path(_get(off, "dir", "data/offline_math"))
+    off = cfg_get(cfg_task, "offline")
+    root = Path(cfg_get(off, "dir", "data/offline_math"))
     return {
-        "train": Path(_get(off, "train", root / "train.parquet")),
-        "eval": Path(_get(off, "eval", root / "heldout.parquet")),
-        "sft": Path(_get(off, "sft", root / "sft.jsonl")),
+        "train": Path(cfg_get(off, "train", root / "train.parquet")),
+        "eval": Path(cfg_get(off, "eval", root / "heldout.parquet")),
+        "sft": Path(cfg_get(off, "sft", root / "sft.jsonl")),
     }
 
 
@@ -82,9 +64,9 @@ def ensure_offline_math(cfg_task: Any) -> dict[str, Path]:
     cfg.task.offline names exist for the same (n_train, seed, offline.py source); return those paths.
     Files appear atomically and once across processes (a lock), so parallel runs never read a
     half-written file."""
-    off = _get(cfg_task, "offline")
-    root = Path(_get(off, "dir", "data/offline_math"))
-    n_train, seed = int(_get(off, "n_train", 20000)), int(_get(off, "seed", 0))
+    off = cfg_get(cfg_task, "offline")
+    root = Path(cfg_get(off, "dir", "data/offline_math"))
+    n_train, seed = int(cfg_get(off, "n_train", 20000)), int(cfg_get(off, "seed", 0))
     paths = offline_paths(cfg_task)
     # the generator's source is part of what the files depend on: an edit to offline.py rewrites them
     meta = {"n_train": n_train, "seed": seed, "generator_sha256": _generator_sha()}
@@ -120,16 +102,12 @@ def ensure_offline_math(cfg_task: Any) -> dict[str, Path]:
 
 
 def _generator_sha() -> str:
-    from zeromismatch.tasks.math import offline
-
-    return hashlib.sha256(Path(offline.__file__).read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(Path(offline_module.__file__).read_bytes()).hexdigest()[:16]
 
 
 def read_offline_parquet(path: str | os.PathLike) -> list[tuple[str, str, int | None]]:
     """(bare problem, gold answer, level) per row of a verl-layout parquet written by ``write_offline_math``.
     Plain pyarrow: no ``datasets`` import (seconds) for files we wrote ourselves."""
-    import pyarrow.parquet as pq
-
     table = pq.read_table(path)
     cols = set(table.column_names)
     if not {"prompt", "reward_model"} <= cols:
@@ -161,12 +139,12 @@ class MathTask(Task):
         self.cfg = cfg_task
         self.tokenizer = tokenizer
         self.seed = int(seed)
-        self.template_kwargs = dict(_plain(_get(cfg_task, "chat_template_kwargs", {})))
-        source = _get(cfg_task, "source", "offline")
+        self.template_kwargs = dict(to_plain(cfg_get(cfg_task, "chat_template_kwargs", {})))
+        source = cfg_get(cfg_task, "source", "offline")
         if source == "offline":
             paths = ensure_offline_math(cfg_task)
             train_rows = read_offline_parquet(paths["train"])
-            levels = _plain(_get(_get(cfg_task, "offline"), "levels"))
+            levels = to_plain(cfg_get(cfg_get(cfg_task, "offline"), "levels"))
             if levels:
                 levels = {int(x) for x in levels}
                 if any(level is None for _, _, level in train_rows):
@@ -177,11 +155,9 @@ class MathTask(Task):
             if len(self._eval) != HELDOUT_SIZE:
                 raise ValueError(f"{paths['eval']}: {len(self._eval)} held-out problems, expected {HELDOUT_SIZE}")
         elif source == "hub":
-            from zeromismatch.tasks.math.data import load_aime2025, load_dapo_math
-
-            hub = _get(cfg_task, "hub")
-            train = load_dapo_math(_get(hub, "train"), split=_get(hub, "train_split", "train"))
-            evals = load_aime2025(_get(hub, "eval"), split=_get(hub, "eval_split", "train"))
+            hub = cfg_get(cfg_task, "hub")
+            train = load_dapo_math(cfg_get(hub, "train"), split=cfg_get(hub, "train_split", "train"))
+            evals = load_aime2025(cfg_get(hub, "eval"), split=cfg_get(hub, "eval_split", "train"))
             self._train = [(p.problem, p.answer) for p in train]
             self._eval = [(p.problem, p.answer) for p in evals]
         else:
@@ -191,7 +167,7 @@ class MathTask(Task):
         self._train_ids: dict[int, list[int]] = {}
         self._eval_items: list[PromptItem] | None = None
         self._stop = _stop_ids(tokenizer)
-        self._verifier = MathVerifier(timeout_s=float(_get(cfg_task, "reward_timeout_s", 3.0)))
+        self._verifier = MathVerifier(timeout_s=float(cfg_get(cfg_task, "reward_timeout_s", 3.0)))
 
     # ----- Task protocol
 
@@ -266,17 +242,15 @@ def has_tokenizer(path: str | os.PathLike | None) -> bool:
 
 def model_vocab_size(cfg: Any) -> int:
     """The vocabulary the model will have: the checkpoint's config.json, else preset + overrides."""
-    model = _get(cfg, "model")
-    ckpt = _get(model, "checkpoint")
+    model = cfg_get(cfg, "model")
+    ckpt = cfg_get(model, "checkpoint")
     if ckpt:
         config = Path(ckpt, "config.json")
         if not config.is_file():
             raise FileNotFoundError(f"model.checkpoint={ckpt}: no config.json")
         d = json.loads(config.read_text())
         return int(d.get("text_config", d)["vocab_size"])
-    from zeromismatch.models.qwen3_5 import get_preset
-
-    return int(get_preset(_get(model, "preset"), **(_plain(_get(model, "overrides", {})) or {})).vocab_size)
+    return int(get_preset(cfg_get(model, "preset"), **(to_plain(cfg_get(model, "overrides", {})) or {})).vocab_size)
 
 
 def get_tokenizer(cfg: Any):
@@ -284,18 +258,18 @@ def get_tokenizer(cfg: Any):
     cfg.model.checkpoint; for tiny vocabularies (<= 4096, the tiny presets) a byte-level BPE trained on
     the offline math corpus, cached under cfg.task.tokenizer_cache (``tiny_tokenizer``). Real presets
     without a checkpoint raise: their tokenizer cannot be made up."""
-    model = _get(cfg, "model")
-    if _get(model, "tokenizer"):
-        return load_tokenizer(_get(model, "tokenizer"))
-    ckpt = _get(model, "checkpoint")
+    model = cfg_get(cfg, "model")
+    if cfg_get(model, "tokenizer"):
+        return load_tokenizer(cfg_get(model, "tokenizer"))
+    ckpt = cfg_get(model, "checkpoint")
     if has_tokenizer(ckpt):
         return load_tokenizer(ckpt)
     vocab = model_vocab_size(cfg)
     if vocab <= MAX_TINY_VOCAB:
-        return tiny_tokenizer(_get(cfg, "task"), vocab)
+        return tiny_tokenizer(cfg_get(cfg, "task"), vocab)
     where = f"checkpoint {ckpt} has no tokenizer files" if ckpt else "no model.checkpoint is set"
     raise ValueError(
-        f"model {_get(model, 'preset')} (vocab {vocab}) needs its real tokenizer, but {where}: "
+        f"model {cfg_get(model, 'preset')} (vocab {vocab}) needs its real tokenizer, but {where}: "
         "set model.checkpoint to a local HF checkpoint dir or model.tokenizer to a tokenizer dir"
     )
 
@@ -305,14 +279,14 @@ def tiny_tokenizer(cfg_task: Any, vocab_size: int):
     ``offline_math_splits(task.offline.n_train, task.offline.seed)``), trained once and cached in
     ``<task.tokenizer_cache>/<sha of corpus and vocab_size>/``. Used for every source: byte-level BPE
     encodes any text, it just compresses the offline problems best."""
-    off = _get(cfg_task, "offline")
-    splits = offline_math_splits(int(_get(off, "n_train", 20000)), int(_get(off, "seed", 0)))
+    off = cfg_get(cfg_task, "offline")
+    splits = offline_math_splits(int(cfg_get(off, "n_train", 20000)), int(cfg_get(off, "seed", 0)))
     corpus = tokenizer_corpus(splits["train"] + splits["heldout"])
     h = hashlib.sha256(f"v{_TOKENIZER_CACHE_VERSION}:vocab={vocab_size}".encode())
     for text in corpus:
         h.update(text.encode())
         h.update(b"\0")
-    out = Path(_get(cfg_task, "tokenizer_cache", ".cache/tokenizers")) / h.hexdigest()[:16]
+    out = Path(cfg_get(cfg_task, "tokenizer_cache", ".cache/tokenizers")) / h.hexdigest()[:16]
     if not all((out / f).is_file() for f in TOKENIZER_FILES):
         with locked(out):
             if not all((out / f).is_file() for f in TOKENIZER_FILES):

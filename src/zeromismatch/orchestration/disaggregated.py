@@ -1,6 +1,6 @@
-"""Disaggregated schedule: the generator in one process, the trainer in another, over torch.distributed
-point-to-point messages (gloo between CPU processes; the same code path is what a multi-GPU run uses for the
-control messages). The offpolicy-N semantics are run_async's: the RunAheadBuffer lives with the generator
+"""The disaggregated schedule's protocol: the generator in one process, the trainer in another, over
+torch.distributed point-to-point messages (gloo between CPU processes; the same code path is what a multi-GPU
+run uses for the control messages). runner.py builds each side. The offpolicy-N semantics are run_async's: the RunAheadBuffer lives with the generator
 (admission stamps, drops at consumption, slot release once the weights of the step that trained on them
 arrive), the trainer asks for the batch of step s, trains, and sends its weights with the next request.
 
@@ -24,7 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .controller import RolloutWorker
+from .rollouts import RolloutWorker
 
 
 def send_obj(obj, dst: int, group) -> None:

@@ -1,0 +1,88 @@
+"""The pieces of an RL run, from its config: the trainer, and the generator side (engine, run-ahead buffer,
+rollout worker). Each role of a run builds only its own pieces."""
+
+from __future__ import annotations
+
+import copy
+
+from ..generator import Engine, SamplingParams
+from ..rl.losses import loss_config
+from ..rl.offpolicy import RunAheadBuffer
+from ..trainer.trainer import Trainer
+from .rollouts import RolloutWorker
+
+
+def loss_overrides(rl) -> dict:
+    """cfg.rl's loss knobs as loss_config overrides."""
+    out = {"clip_low": float(rl.clip_low), "clip_high": float(rl.clip_high), "log_ratio_clamp": float(rl.log_ratio_clamp)}
+    if rl.loss == "dppo":
+        out = {"dppo_delta": float(rl.dppo_delta), "log_ratio_clamp": float(rl.log_ratio_clamp)}
+    if rl.get("tis_cap"):
+        out["tis_cap"] = float(rl.tis_cap)
+    if rl.get("icepop"):
+        out["icepop"] = tuple(float(x) for x in rl.icepop)
+    return out
+
+
+def build_trainer(cfg, model) -> Trainer:
+    rl, tr = cfg.rl, cfg.trainer
+    return Trainer(
+        model,
+        lr=float(tr.lr),
+        betas=tuple(tr.betas),
+        weight_decay=float(tr.weight_decay),
+        grad_clip=tr.get("grad_clip"),
+        loss=loss_config(rl.loss, **loss_overrides(rl)),
+        microbatch_tokens=int(tr.microbatch_tokens),
+        normalize_adv_std=bool(rl.adv_std_norm),
+        staleness_split=bool(rl.get("staleness_split", True)),
+        history=int(rl.offpolicy) + 2,
+    )
+
+
+def generator_copy(model):
+    """The generator's own copy of the trainer's model (one process: the trainer keeps training its own)."""
+    gen_model = copy.deepcopy(model)
+    return for_generation(gen_model)
+
+
+def for_generation(model):
+    """``model`` in eval mode without gradients: what the engine runs."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _has_spread(group) -> bool:
+    r = group.rewards
+    return bool(r.max() > r.min())
+
+
+def build_rollout_worker(cfg, model, task, *, version: int, resume: dict | None = None) -> RolloutWorker:
+    """Engine over ``model`` (at weight ``version``), the run-ahead buffer (the checkpoint's, when resuming)
+    and the worker that feeds it with ``task``'s prompts from the checkpoint's data position."""
+    rl, gen = cfg.rl, cfg.generator
+    max_prompt = int(rl.get("max_prompt_len", 512))
+    engine = Engine(
+        model,
+        max_slots=int(gen.max_slots),
+        max_batched_tokens=int(gen.max_batched_tokens),
+        max_model_len=int(gen.max_model_len or (max_prompt + int(rl.max_new_tokens))),
+        prefix_caching=bool(gen.prefix_caching),
+        swap_policy=rl.swap_policy,
+    )
+    engine.version = version
+    if resume:
+        buffer = resume["buffer"]
+        if not rl.deterministic:
+            buffer.abandon_in_flight()  # async checkpoints do not hold in-flight rollouts
+    else:
+        group_filter = _has_spread if rl.get("dynamic_sampling", False) else None
+        order = "admission" if rl.deterministic else "completion"
+        buffer = RunAheadBuffer(int(rl.offpolicy), int(rl.prompts_per_step), initial_version=version,
+                                group_filter=group_filter, order=order)
+    params = SamplingParams(temperature=float(rl.temperature), max_new_tokens=int(rl.max_new_tokens),
+                            stop_token_ids=tuple(task.stop_token_ids))
+    return RolloutWorker(engine, task, buffer, int(rl.samples_per_prompt), params, seed=int(cfg.seed),
+                         swap_policy=rl.swap_policy, prompts_consumed=resume["prompts_consumed"] if resume else 0)

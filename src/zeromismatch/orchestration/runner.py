@@ -1,0 +1,148 @@
+"""One RL run from its config: prompts -> generator (RolloutWorker) -> rollouts (RunAheadBuffer) -> trainer
+-> weights -> generator.
+
+    run_rl(cfg) -> {"history", "summary", "run_dir"}
+
+Schedules (cfg.rl):
+- deterministic=false (default): the generator samples in a thread of its own while the trainer steps
+  (controller.run_async); deterministic=true: lockstep (controller.run_lockstep), bitwise resumable.
+- disaggregated=true: generator and trainer in two processes over gloo (disaggregated.py). The trainer
+  process holds the model, the Trainer and the logger (and the task only to evaluate); the generator
+  process holds its model, the Engine, the run-ahead buffer and the task, and on resume loads the
+  checkpoint's weights directly.
+
+Checkpoints: every rl.checkpoint_every steps into the run dir; job.resume=<checkpoint.pt> continues.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from ..model_init import initial_model, uses_sft_warm_start
+from ..sft import ensure_sft_checkpoint
+from ..tasks.registry import build_task
+from .build import build_rollout_worker, build_trainer, for_generation, generator_copy
+from .checkpoint import load_rl_checkpoint, restore_rng, trained_weights
+from .controller import run_async, run_lockstep
+from .disaggregated import make_groups, run_trainer, serve_generator
+from .trainer_loop import TrainerLoop
+
+__all__ = ["run_rl"]
+
+
+def run_rl(cfg) -> dict:
+    gen = cfg.generator
+    if not gen.get("implemented", True) or gen.backend != "embedded":
+        raise NotImplementedError(f"generator backend {gen.backend!r} is not implemented yet; use generator=embedded")
+    if cfg.rl.get("disaggregated", False):
+        return _spawn_disaggregated(cfg)
+    return _run_in_process(cfg)
+
+
+def _start(cfg):
+    """Seeds, the starting model (may run the cached SFT warm start with all threads), thread count."""
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = initial_model(cfg)
+    if not cfg.rl.deterministic:
+        # generator and trainer share the cores: one intra-op thread each (oversubscribed OpenMP spins
+        # badly). Numerics do not depend on the thread count (tests/ops), so parity is unaffected.
+        torch.set_num_threads(1)
+    return model
+
+
+def _run_in_process(cfg) -> dict:
+    model = _start(cfg)
+    task = build_task(cfg, vocab_size=model.config.vocab_size)
+    trainer = build_trainer(cfg, model)
+    ckpt = load_rl_checkpoint(cfg.job.get("resume"))
+    start = 0
+    if ckpt:
+        trainer.load_state_dict(ckpt["trainer"])
+        start = ckpt["step"]
+    worker = build_rollout_worker(cfg, generator_copy(model), task, version=trainer.version, resume=ckpt)
+    if ckpt:
+        restore_rng(ckpt)
+    loop = TrainerLoop(cfg, trainer, task, start, generator_stats=worker.engine.throughput)
+
+    def after_step(step):  # step boundary: the buffer and data position are consistent under the lock
+        if loop.checkpoint_due(step):
+            with worker.lock:
+                loop.save(step, worker.buffer, worker.prompts_consumed)
+
+    loop.log_initial_validation()
+    schedule = run_lockstep if cfg.rl.deterministic else run_async
+    schedule(worker, trainer, start, loop.steps, loop.on_step, after_step)
+    return loop.finish()
+
+
+def _trainer_role(cfg, groups) -> dict:
+    model = _start(cfg)
+    # the task serves only the held-out evaluation here: rollouts and rewards live with the generator
+    task = build_task(cfg, vocab_size=model.config.vocab_size) if cfg.rl.eval_every else None
+    trainer = build_trainer(cfg, model)
+    ckpt = load_rl_checkpoint(cfg.job.get("resume"))
+    start = 0
+    if ckpt:
+        trainer.load_state_dict(ckpt["trainer"])
+        start = ckpt["step"]
+        restore_rng(ckpt)
+    loop = TrainerLoop(cfg, trainer, task, start)
+
+    def after_step(step, generator_state):
+        if loop.checkpoint_due(step):
+            state = generator_state()
+            loop.save(step, state["buffer"], state["prompts_consumed"])
+
+    loop.log_initial_validation()
+    run_trainer(trainer, start, loop.steps, loop.on_step, generator_rank=1, groups=groups, after_step=after_step)
+    return loop.finish()
+
+
+def _generator_role(cfg, groups) -> None:
+    model = _start(cfg)
+    task = build_task(cfg, vocab_size=model.config.vocab_size)
+    ckpt = load_rl_checkpoint(cfg.job.get("resume"))
+    version = 0
+    if ckpt:
+        version, weights = trained_weights(ckpt)
+        model.load_state_dict(weights)
+    worker = build_rollout_worker(cfg, for_generation(model), task, version=version, resume=ckpt)
+    serve_generator(worker, trainer_rank=0, groups=groups)
+
+
+def _spawn_disaggregated(cfg) -> dict:
+    """Two processes on this machine over gloo: rank 0 trains, rank 1 generates. Returns the trainer's result."""
+    if cfg.rl.deterministic:
+        raise ValueError("rl.disaggregated=true is asynchronous: set rl.deterministic=false")
+    if uses_sft_warm_start(cfg):  # built once, here, before both processes load it from the cache
+        ensure_sft_checkpoint(cfg)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = os.path.join(tempfile.mkdtemp(prefix="zm_disagg_"), "result.pt")
+    mp.spawn(_role_process, args=(OmegaConf.to_container(cfg, resolve=True), port, out), nprocs=2, join=True)
+    return torch.load(out, weights_only=False)
+
+
+def _role_process(rank: int, cfg_dict: dict, port: int, out: str) -> None:
+    """Spawn entry point (importable in the child): one rank of a disaggregated run."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        cfg = OmegaConf.create(cfg_dict)
+        groups = make_groups()
+        if rank == 0:
+            torch.save(_trainer_role(cfg, groups), out)
+        else:
+            _generator_role(cfg, groups)
+    finally:
+        dist.destroy_process_group()

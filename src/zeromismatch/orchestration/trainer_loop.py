@@ -1,0 +1,99 @@
+"""The trainer side of an RL run: one train step per batch, metrics to the logger, greedy held-out
+accuracy every rl.eval_every steps, checkpoints every rl.checkpoint_every steps, a summary at the end.
+The schedules (controller.py, disaggregated.py) call ``on_step``; what happens at a step does not depend on
+which schedule delivered the batch."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..evaluation import VALIDATION_METRIC, evaluate
+from ..logging import MetricsLogger
+from .checkpoint import save_rl_checkpoint
+
+
+def validation(model, task, cfg) -> dict:
+    """Greedy accuracy on the task's held-out prompts, logged as validation_reward/_mean."""
+    r = evaluate(model, task, greedy=True, max_new_tokens=int(cfg.rl.max_new_tokens), cfg_generator=cfg.generator)
+    return {VALIDATION_METRIC: r["accuracy"], "validation/n": float(r["n"])}
+
+
+class TrainerLoop:
+    """Per-step bookkeeping around ``trainer.train_step``. ``generator_stats()`` gives the generator's
+    throughput when the schedule does not send it with the batch (one process: the engine is at hand)."""
+
+    def __init__(self, cfg, trainer, task, start: int, generator_stats=None):
+        self.cfg, self.trainer, self.task, self.start = cfg, trainer, task, start
+        self.steps = int(cfg.rl.steps)
+        self.generator_stats = generator_stats
+        self.eval_every = int(cfg.rl.eval_every or 0)
+        self.ckpt_every = int(cfg.rl.get("checkpoint_every", 0) or 0)
+        self.logger = MetricsLogger.from_cfg(cfg)
+        self.bar = tqdm(total=self.steps, initial=start, desc=f"rl {cfg.numerics.name} op{cfg.rl.offpolicy}", unit="step")
+        self.history: list[dict] = []
+        self._t_run = time.perf_counter()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.logger.run_dir / "checkpoint.pt"
+
+    def log_initial_validation(self) -> None:
+        """The step-0 point of the held-out curve (fresh runs only)."""
+        if self.eval_every and self.start == 0:
+            self.logger.log(validation(self.trainer.model, self.task, self.cfg), step=0)
+        self._t_run = time.perf_counter()
+
+    def on_step(self, step: int, batch, waited: float, gen_stats: dict | None = None) -> None:
+        t0 = time.perf_counter()
+        m = self.trainer.train_step(batch)
+        train_s = time.perf_counter() - t0
+        m["perf/trainer/tokens_per_second_full_step"] = m.get("train_batch/response_tokens", 0.0) / max(waited + train_s, 1e-9)
+        m["perf/trainer/wait_seconds"] = waited
+        m["perf/generator/tokens_per_second"] = (gen_stats or self.generator_stats())["generated_tokens_per_s"]
+        m["train/version"] = self.trainer.version
+        if self.eval_every and ((step + 1) % self.eval_every == 0 or step + 1 == self.steps):
+            m.update(validation(self.trainer.model, self.task, self.cfg))
+        self.logger.log(m, step=step)
+        self.history.append({"step": step, **m})
+        self.bar.update(1)
+        self.bar.set_postfix(reward=f"{m['rollout_reward/avg_train_reward/mean']:.2f}",
+                             diff=f"{m.get('bit_wise/logprob_diff/abs_mean', float('nan')):.1e}")
+
+    def checkpoint_due(self, step: int) -> bool:
+        return bool(self.ckpt_every) and ((step + 1) % self.ckpt_every == 0 or step + 1 == self.steps)
+
+    def save(self, step: int, buffer, prompts_consumed: int) -> None:
+        """Checkpoint after ``step`` (steps done: step + 1)."""
+        save_rl_checkpoint(self.checkpoint_path, step + 1, self.trainer, buffer, prompts_consumed)
+
+    def finish(self) -> dict:
+        """Close the logger, print the summary; the job's result."""
+        self.bar.close()
+        summary = summarize(self.history, time.perf_counter() - self._t_run, self.logger)
+        self.logger.summary(summary)
+        self.logger.close()
+        for k, v in summary.items():
+            print(f"{k}: {v}")
+        return {"history": self.history, "summary": summary, "run_dir": str(self.logger.run_dir)}
+
+
+def summarize(history: list[dict], seconds: float, logger: MetricsLogger) -> dict:
+    if not history:
+        return {"steps": 0}
+    first, last = history[0], history[-1]
+    evals = [h[VALIDATION_METRIC] for h in history if VALIDATION_METRIC in h]
+    out = {
+        "steps": len(history),
+        "wall_seconds": round(seconds, 1),
+        "step0_logprob_abs_mean": first.get("bit_wise/logprob_diff/abs_mean"),
+        "train_reward_start": first["rollout_reward/avg_train_reward/mean"],
+        "train_reward_end": last["rollout_reward/avg_train_reward/mean"],
+        "policy_age_max": max(h.get("train_batch/policy_age_max", 0) for h in history),
+        "heldout_accuracy_end": evals[-1] if evals else None,
+        "metrics_jsonl": str(logger.jsonl_path),
+        "run_dir": str(logger.run_dir),
+    }
+    return {k: v for k, v in out.items() if v is not None}
