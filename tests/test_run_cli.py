@@ -14,8 +14,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from zeromismatch.jobs import JOBS, JobError, get_job
+from zeromismatch.jobs.smoke import main as smoke_main
 from zeromismatch.logging import read_jsonl
-from zeromismatch.models.qwen3_5 import PRESETS
+from zeromismatch.models.qwen3_5 import PRESETS, build_model, save_checkpoint
 from zeromismatch.numerics.modes import MODES
 from zeromismatch.tasks.math.data import AIME2025_HUB_NAME, DAPO_HUB_NAME
 from zeromismatch.tasks.math.prompts import dapo_prompt
@@ -102,10 +103,6 @@ def test_sweep_over_experiments(tmp_path):
 
 
 def test_smoke_job_from_checkpoint(tmp_path):
-    from zeromismatch.jobs.smoke import main as smoke_main
-    from zeromismatch.models.qwen3_5 import build_model
-    from zeromismatch.models.qwen3_5.checkpoint import save_checkpoint
-
     save_checkpoint(build_model("tiny", "stock", seed=3), tmp_path / "ckpt")
     cfg = _compose(
         "job=smoke",
