@@ -8,7 +8,7 @@ import torch
 
 from gen_helpers import assert_no_leak, assert_same_outputs, prompts_of, run_all
 from zeromismatch.generator import Engine, SamplingParams
-from zeromismatch.jobs.parity import compare_logprobs, generate
+from zeromismatch.parity import compare_logprobs, generate
 from zeromismatch.trainer.scoring import next_token_logprobs
 
 LENS = [150, 90, 130, 70, 160, 40, 120, 100, 140, 60]

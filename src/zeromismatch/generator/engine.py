@@ -72,7 +72,7 @@ class Engine:
         self.parked: dict[int, Sequence] = {}  # finished with keep_cache: slot kept for a next turn
         self._ids = itertools.count()
         self._live: set[int] = set()  # ids of waiting, running and parked requests
-        # audit hook: tap(name, activation [N, ...], layout, request_ids) for every forward (jobs/parity.py)
+        # audit hook: tap(name, activation [N, ...], layout, request_ids) for every forward (parity/audit.py)
         self.tap = None
         self.stats = {"steps": 0, "forward_s": 0.0, "tokens_computed": 0, "tokens_generated": 0, "prefix_hit_tokens": 0,
                       "preemptions": 0, "parked_preemptions": 0}

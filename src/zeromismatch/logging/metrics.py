@@ -111,7 +111,7 @@ class MetricsLogger:
     def _init_wandb(self, wcfg: Any, config_dict: Mapping[str, Any] | None):
         if self.wandb_mode == "disabled":
             return None
-        try:
+        try:  # imported here: W&B is optional at run time, a missing or broken install leaves the JSONL
             import wandb
         except Exception as e:  # noqa: BLE001 - any import failure: keep the JSONL going
             warnings.warn(f"wandb could not be imported ({e!r}); metrics go to {self.jsonl_path} only")

@@ -22,8 +22,9 @@ run of cfg.seed starts on), one sample each, and held-out greedy accuracy, both 
 
 Seed: job.seed (init and example order) is fixed in conf/job/sft.yaml rather than tied to cfg.seed, so RL
 runs of every seed start from the same weights. The defaults (level-2 problems, 130 steps x 32, lr 1e-3)
-reach a train reward of about 0.27 at T=1.0 in ~3.5 min on a 2-core CPU (results/main_job/record.json);
-level-2 problems (a*b +- c) are the ones a tiny model learns fastest.
+reach a train reward of about 0.27 at T=1.0 in ~3.5 min on a 2-core CPU
+(results/main_job/fresh_clone/record.json); level-2 problems (a*b +- c) are the ones a tiny model learns
+fastest.
 
 Cache (warm_start.py): ``<job.cache_dir>/<16 hex of sha256(key)>/`` holds the checkpoint (config.json +
 safetensors), the tokenizer files and summary.json. key = model preset and overrides, sha256 of the SFT data

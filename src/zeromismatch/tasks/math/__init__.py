@@ -1,8 +1,6 @@
 """Math RL task (DAPO recipe): data loaders, offline problems, the DAPO prompt, the reward, and
-``MathTask`` (task.py), the RL task over all of it.
-
-``datasets`` (a slow import) is imported only when a hub loader runs, and math-verify only inside the
-reward's worker process.
+``MathTask`` (task.py), the RL task over all of it. math-verify is imported only inside the reward's
+worker process (its timeouts need a process of their own).
 """
 
 from zeromismatch.tasks.math.data import MathProblem, load_aime2025, load_dapo_math, load_math_problems

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
+
 from zeromismatch.tasks.math.prompts import strip_dapo_template
 
 DAPO_HUB_NAME = "BytedTsinghua-SIA/DAPO-Math-17k"
@@ -114,8 +116,6 @@ def load_aime2025(
 
 
 def _load_raw(source, split: str, load_kwargs: dict):
-    import datasets  # slow import; only loaders need it
-
     path = Path(source).expanduser()
     if not path.exists():
         # "org/name" is a hub id; something that looks like a path is a typo we should report,
