@@ -67,13 +67,12 @@ def model_overrides(cfg: Any) -> dict:
     return dict(to_plain(cfg_get(cfg_get(cfg, "model"), "overrides", {})) or {})
 
 
-def numerics_spec(cfg: Any, name: str | None = None) -> str | dict:
-    """The numerics argument of build_model / load_checkpoint / set_numerics for this run: the cfg.numerics
-    node (``name`` replaces its mode, e.g. for a benchmark over modes). A node that holds only ``name`` is
-    passed as that name; a node with kernel-policy keys (gemm_policy, chunk_decode, ...) is passed whole,
-    as a plain dict, so the policies reach the model and the run logs exactly what it ran with."""
+def numerics_spec(cfg: Any, name: str | None = None) -> dict:
+    """The numerics argument of build_model / load_checkpoint for this run: the whole cfg.numerics node (mode
+    and kernel policies, conf/numerics) as a plain dict, so the policies reach the model; ``name`` replaces
+    the mode (a benchmark over modes keeps the run's policies)."""
     node = to_plain(cfg_get(cfg, "numerics"))
     node = dict(node) if isinstance(node, dict) else {"name": node or "stock"}
     if name is not None:
         node["name"] = name
-    return node if set(node) - {"name"} else node["name"]
+    return node
