@@ -1,5 +1,6 @@
-"""GPU kernels: batch invariance (bitwise) and agreement with the plain-torch references (tolerances stated).
-Run on the H200 by experiments/gpu/h200_suite.py; skipped without CUDA."""
+"""GPU kernels: batch invariance (bitwise) and agreement with the plain-torch references (tolerances stated), at
+power-of-two and other head sizes. Run on the H200 by benchmarks/run_h200.sh; skipped without CUDA.
+experiments/gpu/interpret_check.py runs the GDN checks' logic on a CPU under Triton's interpreter."""
 
 import pytest
 import torch
@@ -75,13 +76,22 @@ def _gdn_inputs(n, h=4, hv=8, dk=128, dv=128, seed=7):
     return q, k, v, gg, beta
 
 
-def test_gdn_recurrent_reference_and_invariance():
+HEAD_DIMS = [(128, 128), (64, 64), (96, 96), (128, 96), (96, 40)]  # (K, V): powers of two and not
+
+
+@pytest.mark.parametrize("dk,dv", HEAD_DIMS)
+def test_gdn_recurrent_reference_and_invariance(dk, dv):
+    check_recurrent_reference_and_invariance(dk, dv, [100, 1, 37, 250])
+
+
+def check_recurrent_reference_and_invariance(dk, dv, lens):
+    """The recurrent kernel vs the float64 torch recurrence (rel. err < 1e-4); each sequence alone == in the
+    batch, and the last one split in 3 calls with the fp32 state carried through a cache slot (bitwise)."""
     from zeromismatch.ops.gdn.naive import prepare_qk, recurrent_fwd
     from zeromismatch.ops.gdn.recurrent_triton import recurrent_fwd_triton
 
-    lens = [100, 1, 37, 250]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV, dtype=torch.int32)
-    q, k, v, g, beta = _gdn_inputs(int(cu[-1]))
+    q, k, v, g, beta = _gdn_inputs(int(cu[-1]), dk=dk, dv=dv)
     hv, dk, dv = v.shape[1], q.shape[2], v.shape[2]
     state = torch.zeros(len(lens), hv, dk, dv, device=DEV)
     o = recurrent_fwd_triton(q, k, v, g, beta, cu, state)
@@ -100,15 +110,16 @@ def test_gdn_recurrent_reference_and_invariance():
         o1 = recurrent_fwd_triton(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], one, st1)
         assert torch.equal(o1, o[s:e]) and torch.equal(st1[0], state[i])
     # split with the fp32 state carried, through cache slots (bitwise)
-    s, e = int(cu[3]), int(cu[4])
+    s, e = int(cu[-2]), int(cu[-1])
     cache = torch.randn(5, hv, dk, dv, device=DEV)
     cache[2] = 0
     slot = torch.tensor([2], device=DEV)
     parts = []
-    for a, bnd in ((s, s + 64), (s + 64, s + 65), (s + 65, e)):
+    cut = (e - s) // 2
+    for a, bnd in ((s, s + cut), (s + cut, s + cut + 1), (s + cut + 1, e)):
         parts.append(recurrent_fwd_triton(q[a:bnd], k[a:bnd], v[a:bnd], g[a:bnd], beta[a:bnd],
                                        torch.tensor([0, bnd - a], device=DEV, dtype=torch.int32), cache, slot))
-    assert torch.equal(torch.cat(parts), o[s:e]) and torch.equal(cache[2], state[3])
+    assert torch.equal(torch.cat(parts), o[s:e]) and torch.equal(cache[2], state[-1])
 
 
 def test_gdn_recurrent_backward_matches_reference():
@@ -126,12 +137,13 @@ def test_gdn_recurrent_backward_matches_reference():
         torch.testing.assert_close(a, b)
 
 
-def test_gdn_chunk_cuda_reference_prefix_and_batch():
+@pytest.mark.parametrize("dk,dv", HEAD_DIMS)
+def test_gdn_chunk_cuda_reference_prefix_and_batch(dk, dv):
     from zeromismatch.ops.gdn.chunk_triton import chunk_fwd_triton
     from zeromismatch.ops.gdn.naive import chunk_fwd
 
     g = _gen(11)
-    b, h, t, dk, dv = 3, 4, 192, 128, 128
+    b, h, t = 3, 4, 192
     q = torch.nn.functional.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1) * dk**-0.5
     k = torch.nn.functional.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1)
     v = torch.randn(b, h, t, dv, device=DEV, generator=g)
@@ -166,29 +178,29 @@ def _prepared_inputs(b, h, t, dk, dv, seed):
     return q, k, v, gg, beta
 
 
-def test_gdn_chunk_decode_equals_chunked_forward():
-    """bi_chunk's fused decode step (the default kernel) == the trainer's chunked forward, bit for bit."""
-    from zeromismatch.ops.gdn import DEFAULT_CHUNK_DECODE
+@pytest.mark.parametrize("variant", ["chain", "dot"])
+@pytest.mark.parametrize("dk,dv", HEAD_DIMS)
+def test_gdn_chunk_decode_equals_chunked_forward(dk, dv, variant):
+    """bi_chunk's fused decode step (both kernels) == the trainer's chunked forward, bit for bit."""
+    check_chunk_decode_equals_chunked_forward(variant, dk, dv)
 
-    check_chunk_decode_equals_chunked_forward(DEFAULT_CHUNK_DECODE)
 
-
-def check_chunk_decode_equals_chunked_forward(variant):
-    """4 sequences in 4 of 8 cache slots, each prefilled to a different length (0, 5, 63, 81 tokens: boundary
-    state + open-chunk rows stored from chunk_fwd_triton(return_rows=True)), then decoded together token by token
-    with the `variant` decode kernel (every position in the open chunk, chunk closes included) to 200 tokens;
+def check_chunk_decode_equals_chunked_forward(variant, dk=128, dv=128, h=4, prefill=(0, 5, 63, 81), total=200):
+    """len(prefill) sequences in as many of 8 cache slots, each prefilled to its length (boundary state +
+    open-chunk rows stored from chunk_fwd_triton(return_rows=True)), then decoded together token by token with
+    the `variant` decode kernel (every position in the open chunk, chunk closes included) to `total` tokens;
     rows and final states compared with torch.equal; other slots untouched."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton, chunk_fwd_triton
 
-    b, h, dk, dv, total = 4, 4, 128, 128, 200
-    q, k, v, gg, beta = _prepared_inputs(b, h, 256, dk, dv, 21)
+    b, width = len(prefill), (total // CHUNK + 1) * CHUNK
+    q, k, v, gg, beta = _prepared_inputs(b, h, width, dk, dv, 21)
     for x in (q, k, v, gg, beta):
         x[:, :, total:] = 0  # the trainer's zero padding
     s0 = torch.zeros(b, h, dk, dv, device=DEV)
     o_ref, st_ref = chunk_fwd_triton(q, k, v, gg, beta, s0)
 
-    slots = torch.tensor([5, 2, 7, 0], device=DEV)
+    slots = torch.tensor([5, 2, 7, 0][:b], device=DEV)
     n_slots = 8
     f32 = dict(device=DEV, dtype=torch.float32)
     cache = {
@@ -199,7 +211,6 @@ def check_chunk_decode_equals_chunked_forward(variant):
     }
     others = [i for i in range(n_slots) if i not in slots.tolist()]
     before = {n: t[others].clone() for n, t in cache.items()}
-    prefill = [0, 5, 63, 81]
     for i, p in enumerate(prefill):  # what the generator stores after a prefill of p tokens
         width = (p // CHUNK + 1) * CHUNK
         xs = [x[i : i + 1, :, :width].clone() for x in (q, k, v, gg, beta)]
@@ -226,8 +237,8 @@ def check_chunk_decode_equals_chunked_forward(variant):
         pos[live] += 1
     for i, p in enumerate(prefill):
         assert torch.equal(out[i, :, p:total], o_ref[i, :, p:total]), i
-    # 200 = 3 * 64 + 8: the state in the cache is the boundary state after 192 tokens
-    assert torch.equal(cache["ssm"][slots], st_ref[:, :, 3])
+    # the state in the cache is the boundary state after the last complete chunk
+    assert torch.equal(cache["ssm"][slots], st_ref[:, :, total // CHUNK])
     for n, t in before.items():
         assert torch.equal(cache[n][others], t), n
 
@@ -248,21 +259,27 @@ def test_gdn_chunk_cuda_grad_matches_reference():
         torch.testing.assert_close(a, b_)
 
 
+@pytest.mark.parametrize("dk,dv", [(128, 128), (96, 96), (128, 96), (96, 40)])
 @pytest.mark.parametrize("t", [0, 1, 31, 62, 63])
-def test_gdn_chunk_decode_kernels_agree(t):
+def test_gdn_chunk_decode_kernels_agree(t, dk, dv):
+    check_decode_kernels_agree(t, dk, dv)
+
+
+def check_decode_kernels_agree(t, dk, dv, n=6, h=4):
     """The loop-chain decode kernel (default) == the dot decode kernel (the trainer's construct), output and
-    every cache tensor, from random open-chunk rows (relies on tl.dot's fp32 lowering being a fused FMA chain)."""
+    every cache tensor, from random open-chunk rows at position t (relies on tl.dot's fp32 lowering being a
+    fused FMA chain; at K not a power of two the loop's chain is the dot's less its trailing 0 * 0 terms)."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton
 
-    n, h, d = 6, 4, 128
     g = _gen(30 + t)
-    cache = {"ssm": torch.randn(n, h, d, d, device=DEV, generator=g) * 0.1,
-             "ck": torch.randn(n, h, CHUNK, d, device=DEV, generator=g), "cv": torch.randn(n, h, CHUNK, d, device=DEV, generator=g),
+    cache = {"ssm": torch.randn(n, h, dk, dv, device=DEV, generator=g) * 0.1,
+             "ck": torch.randn(n, h, CHUNK, dk, device=DEV, generator=g),
+             "cv": torch.randn(n, h, CHUNK, dv, device=DEV, generator=g),
              "cg": -torch.rand(n, h, CHUNK, device=DEV, generator=g), "cb": torch.rand(n, h, CHUNK, device=DEV, generator=g),
              "ct": torch.randn(n, h, CHUNK, CHUNK, device=DEV, generator=g) * 0.1,
-             "cu": torch.randn(n, h, CHUNK, d, device=DEV, generator=g)}
-    xs = [x[:, :, 0] for x in _prepared_inputs(n, h, 1, d, d, 31)]
+             "cu": torch.randn(n, h, CHUNK, dv, device=DEV, generator=g)}
+    xs = [x[:, :, 0] for x in _prepared_inputs(n, h, 1, dk, dv, 31)]
     slots, pos = torch.arange(n, device=DEV), torch.full((n,), t, device=DEV)
     a, b = ({k: v.clone() for k, v in cache.items()} for _ in range(2))
     oa = chunk_decode_triton(*xs, slots, pos, a, variant="dot")

@@ -1,6 +1,7 @@
 """Trainer/generator bitwise parity on the GPU in bf16 (fp32 GDN state, fp32 lm_head and logprobs): the
 generator decodes under continuous batching, the trainer rescores the packed sequences, logprobs must be
-torch.equal (the library parity check, zeromismatch.parity). Skipped without CUDA."""
+torch.equal (the library parity check, zeromismatch.parity). Skipped without CUDA. `-m "gpu and not big"`
+leaves out the qwen3_5_mid runs (the slow ones)."""
 
 import pytest
 import torch
@@ -12,18 +13,33 @@ from zeromismatch.parity import check_parity, random_prompts
 pytestmark = pytest.mark.gpu
 
 
-def _max_abs_diff(preset, mode, n_prompts=8):
-    model = build_model(preset, mode, seed=1).to(device="cuda", dtype=torch.bfloat16)
+def gpu_parity_stats(preset, mode, n_prompts=8, **overrides):
+    """check_parity's stats for a bf16 model of `preset` (config fields overridden by `overrides`) on cuda."""
+    model = build_model(preset, mode, seed=1, **overrides).to(device="cuda", dtype=torch.bfloat16)
     prompts = random_prompts(n_prompts, model.config.vocab_size, seed=0, min_len=3, max_len=149)
     params = [SamplingParams(max_new_tokens=10 + 9 * i % 40, seed=i) for i in range(n_prompts)]
-    return check_parity(model, prompts, params, max_slots=4, max_batched_tokens=128).stats["max_abs_diff"]
+    return check_parity(model, prompts, params, max_slots=4, max_batched_tokens=128).stats
 
 
 @pytest.mark.parametrize("mode", ["bi", "bi_chunk"])
 @pytest.mark.parametrize("preset", ["tiny", "tiny_moe"])
 def test_gpu_parity_bitwise(preset, mode):
-    assert _max_abs_diff(preset, mode) == 0.0
+    assert gpu_parity_stats(preset, mode)["max_abs_diff"] == 0.0
+
+
+@pytest.mark.big
+@pytest.mark.parametrize("mode", ["bi", "bi_chunk"])
+def test_gpu_parity_bitwise_mid(mode):
+    assert gpu_parity_stats("qwen3_5_mid", mode, n_prompts=6)["max_abs_diff"] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["bi", "bi_chunk"])
+@pytest.mark.parametrize("key_dim,value_dim", [(96, 96), (128, 96), (64, 40)])
+def test_gpu_parity_head_dims(key_dim, value_dim, mode):
+    """GDN head sizes that are not powers of two (the kernels pad and mask them)."""
+    stats = gpu_parity_stats("tiny", mode, n_prompts=6, linear_key_head_dim=key_dim, linear_value_head_dim=value_dim)
+    assert stats["max_abs_diff"] == 0.0, stats
 
 
 def test_gpu_stock_mismatch_nonzero():
-    assert _max_abs_diff("tiny", "stock") > 0.0
+    assert gpu_parity_stats("tiny", "stock")["max_abs_diff"] > 0.0

@@ -26,11 +26,18 @@ Kernels:
   `_decode_chain_kernel` ("chain", default: each chain a loop of tl.fma, no padding, 5x faster; equal to "dot"
   because tl.dot's fp32 lowering is a fused-multiply-add chain, which the H200 suite measures every run:
   results/gpu/README.md; "chain_mul_add" is the other reading, multiply then add, measured not equal).
+
+Any head size: tl.arange and tl.dot need power-of-two extents (>= 16 for a dot). The chunked forward zero-pads
+K to KP (the next power of two, >= 16) and V to a multiple of 16 before the kernels; the decode kernels read
+the cache with key index 0..KP-1 and value blocks masked (loads give 0, stores skipped). A padded key column
+adds 0 * 0 to a chain, an exact no-op, so decode == chunked rows holds at any K and V; at power-of-two sizes
+no padding is made and every mask is all-true (the same values).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
@@ -171,11 +178,17 @@ NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "chain": 1}
 _BV: dict[tuple, int] = {}  # (kernel, K, V, widest allowed) -> value block that fits the shared memory
 
 
+def padded_k(dk: int) -> int:
+    """The key extent the kernels compute over: a power of two, at least tl.dot's 16."""
+    return max(16, triton.next_power_of_2(dk))
+
+
 def _launch(name, kernel, grid_of_bv, *args, V: int, **kw):
     """Launch with the widest value block (<= BV_MAX[name], halving) whose shared memory fits; remembered."""
     key = (name, kw.get("K"), V, BV_MAX[name], NUM_WARPS[name], NUM_STAGES[name])
     kw["num_warps"], kw["num_stages"] = NUM_WARPS[name], NUM_STAGES[name]
-    cands = [_BV[key]] if key in _BV else [b for b in (64, 32, 16) if V % b == 0 and b <= BV_MAX[name]] or [V]
+    cands = [_BV[key]] if key in _BV else ([b for b in (64, 32, 16) if V % b == 0 and b <= BV_MAX[name]]
+                                           or [b for b in (64, 32, 16) if b <= BV_MAX[name]])
     for i, bv in enumerate(cands):
         try:
             kernel[grid_of_bv(bv)](*args, V=V, BV=bv, **kw)
@@ -192,8 +205,15 @@ def chunk_fwd_triton(q, k, v, g, beta, state, return_rows: bool = False):
     also (tm [B, HV, n_chunks, C, C] the per-chunk (I + A)^-1, u [B, HV, T, V]): what the generator caches for
     an open chunk. Not differentiable (autograd.ChunkedBackward differentiates the chunked torch form)."""
     configure_cuda()
-    b, h, t, dk = q.shape
-    dv = v.shape[-1]
+    dk, dv = q.shape[-1], v.shape[-1]
+    kp, vp = padded_k(dk), dv + (-dv) % 16
+    if (kp, vp) != (dk, dv):  # zero padding: exact no-ops in every chain (module docstring)
+        pad_k, pad_v = (0, kp - dk), (0, vp - dv)
+        rows = chunk_fwd_triton(F.pad(q, pad_k), F.pad(k, pad_k), F.pad(v, pad_v), g, beta,
+                                F.pad(state, pad_v + pad_k), return_rows)
+        o, states = rows[0][..., :dv].contiguous(), rows[1][..., :dk, :dv].contiguous()
+        return (o, states, rows[2], rows[3][..., :dv].contiguous()) if return_rows else (o, states)
+    b, h, t, _ = q.shape
     assert t % CHUNK == 0, f"chunk_fwd_triton needs T % {CHUNK} == 0, got {t}"
     n = t // CHUNK
     q, k, v, g, beta = (x.float().contiguous() for x in (q, k, v, g, beta))
@@ -225,7 +245,7 @@ def chunk_fwd_triton(q, k, v, g, beta, state, return_rows: bool = False):
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
                    s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, HV,
-                   K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr):
+                   K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + i).to(tl.int64)
@@ -233,18 +253,19 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
     sh = slot * HV + h
     ih = i * HV + h
     rows = tl.arange(0, C)
-    kk = tl.arange(0, K)
+    kk = tl.arange(0, KP)
+    km = kk < K
     prev = rows < t
     cur = rows == t
 
     # the chunk so far: cached rows < t, this token at row t, zeros after
-    q_t = tl.load(q_ptr + ih * K + kk)
-    k_t = tl.load(k_ptr + ih * K + kk)
+    q_t = tl.load(q_ptr + ih * K + kk, mask=km, other=0.0)
+    k_t = tl.load(k_ptr + ih * K + kk, mask=km, other=0.0)
     g_t = tl.load(g_ptr + ih)
     b_t = tl.load(b_ptr + ih)
     g = tl.where(cur, g_t, tl.load(cg_ptr + sh * C + rows, mask=prev, other=0.0))
     beta = tl.where(cur, b_t, tl.load(cb_ptr + sh * C + rows, mask=prev, other=0.0))
-    k = tl.load(ck_ptr + (sh * C + rows)[:, None] * K + kk[None, :], mask=prev[:, None], other=0.0)
+    k = tl.load(ck_ptr + (sh * C + rows)[:, None] * K + kk[None, :], mask=prev[:, None] & km[None, :], other=0.0)
     k = tl.where(cur[:, None], k_t[None, :], k)
 
     G = _cum_log_decay(g, C)
@@ -271,26 +292,28 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
     qk16 = _as_row16(qk_t)
     closes = t == C - 1
 
-    for vb in tl.static_range(V // BV):
+    for vb in tl.static_range((V + BV - 1) // BV):
         vv = vb * BV + tl.arange(0, BV)
-        v_t = tl.load(v_ptr + ih * V + vv)
-        v = tl.load(cv_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None], other=0.0)
+        vm = vv < V
+        sm = km[:, None] & vm[None, :]
+        v_t = tl.load(v_ptr + ih * V + vv, mask=vm, other=0.0)
+        v = tl.load(cv_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
         v = tl.where(cur[:, None], v_t[None, :], v)
-        s = tl.load(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :])
+        s = tl.load(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], mask=sm, other=0.0)
         u0_t = _row(tl.dot(t16, v * beta[:, None], input_precision="ieee"), 0, 16)
         ws = tl.dot(wq, s, input_precision="ieee")  # row 0: w_t S, row 1: (q_t exp(G_t)) S
         u_t = u0_t - _row(ws, 0, 16)
-        u = tl.load(cu_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None], other=0.0)
+        u = tl.load(cu_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
         u = tl.where(cur[:, None], u_t[None, :], u)
         o_t = _row(tl.dot(qk16, u, _as_row16(_row(ws, 1, 16)), input_precision="ieee"), 0, 16)
-        tl.store(o_ptr + ih * V + vv, o_t)
-        tl.store(cv_ptr + (sh * C + t) * V + vv, v_t)
-        tl.store(cu_ptr + (sh * C + t) * V + vv, u_t)
+        tl.store(o_ptr + ih * V + vv, o_t, mask=vm)
+        tl.store(cv_ptr + (sh * C + t) * V + vv, v_t, mask=vm)
+        tl.store(cu_ptr + (sh * C + t) * V + vv, u_t, mask=vm)
         if closes:  # the chunk is complete: the next boundary state, as the trainer's scan computes it
             kd = k * tl.exp(G_t - G)[:, None]
             s = tl.dot(tl.trans(kd), u, s * tl.exp(G_t), input_precision="ieee")
-            tl.store(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], s)
-    tl.store(ck_ptr + (sh * C + t) * K + kk, k_t)
+            tl.store(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], s, mask=sm)
+    tl.store(ck_ptr + (sh * C + t) * K + kk, k_t, mask=km)
     tl.store(cg_ptr + sh * C + t, g_t)
     tl.store(cb_ptr + sh * C + t, b_t)
     tl.store(ct_ptr + (sh * C + t) * C + rows, t_row)
@@ -308,7 +331,7 @@ def _mac(a, b, acc, FUSED: tl.constexpr):
 @triton.jit
 def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
                          s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, scr_ptr, HV,
-                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr,
                          FUSED: tl.constexpr):
     """The decode step with every chain written out as a loop over its index (no 16-row padding): the same
     chains as `_decode_kernel` when tl.dot's lowering is `FUSED` (the H200 suite checks its bits every run)."""
@@ -319,15 +342,17 @@ def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos
     sh = slot * HV + h
     ih = i * HV + h
     rows = tl.arange(0, C)
-    kk = tl.arange(0, K)
-    vv = tl.arange(0, V)
-    scr = scr_ptr + ih * (3 * C + 2 * K)  # a, qk, G (C each), w_t, q_t exp(G_t) (K each)
+    kk = tl.arange(0, KP)
+    km = kk < K
+    scr = scr_ptr + ih * (3 * C + 2 * KP)  # a, qk, G (C each), w_t, q_t exp(G_t) (KP each)
     g_t = tl.load(g_ptr + ih)
     b_t = tl.load(b_ptr + ih)
-    q_t = tl.load(q_ptr + ih * K + kk)
+    q_t = tl.load(q_ptr + ih * K + kk, mask=km, other=0.0)
     # append this token's inputs to the open chunk first: the loops below read row t back (barrier)
-    tl.store(ck_ptr + (sh * C + t) * K + kk, tl.load(k_ptr + ih * K + kk))
-    tl.store(cv_ptr + (sh * C + t) * V + vv, tl.load(v_ptr + ih * V + vv))
+    tl.store(ck_ptr + (sh * C + t) * K + kk, tl.load(k_ptr + ih * K + kk, mask=km), mask=km)
+    for vb in tl.static_range((V + BV - 1) // BV):
+        cols = vb * BV + tl.arange(0, BV)
+        tl.store(cv_ptr + (sh * C + t) * V + cols, tl.load(v_ptr + ih * V + cols, mask=cols < V), mask=cols < V)
     tl.store(cg_ptr + sh * C + t, g_t)
     tl.store(cb_ptr + sh * C + t, b_t)
     tl.debug_barrier()
@@ -356,42 +381,47 @@ def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos
     tl.store(ct_ptr + (sh * C + t) * C + rows, tl.where(rows == t, 1.0, -acc_t))
     tl.debug_barrier()
 
-    acc_w = tl.zeros((K,), tl.float32)
+    acc_w = tl.zeros((KP,), tl.float32)
     for j in range(0, t + 1):
-        kbg = (tl.load(ck_ptr + (sh * C + j) * K + kk) * tl.load(cb_ptr + sh * C + j)) * tl.exp(tl.load(scr + 2 * C + j))
+        kbg = (tl.load(ck_ptr + (sh * C + j) * K + kk, mask=km, other=0.0) * tl.load(cb_ptr + sh * C + j)) * \
+            tl.exp(tl.load(scr + 2 * C + j))
         acc_w = _mac(tl.load(ct_ptr + (sh * C + t) * C + j), kbg, acc_w, FUSED)
     tl.store(scr + 3 * C + kk, acc_w)
-    tl.store(scr + 3 * C + K + kk, q_t * tl.exp(G_t))
+    tl.store(scr + 3 * C + KP + kk, q_t * tl.exp(G_t))
     tl.debug_barrier()
 
-    for vb in tl.static_range(V // BV):
+    for vb in tl.static_range((V + BV - 1) // BV):
         cols = vb * BV + tl.arange(0, BV)
+        cm = cols < V
         acc_u = tl.zeros((BV,), tl.float32)
         for j in range(0, t + 1):
-            vbj = tl.load(cv_ptr + (sh * C + j) * V + cols) * tl.load(cb_ptr + sh * C + j)
+            vbj = tl.load(cv_ptr + (sh * C + j) * V + cols, mask=cm, other=0.0) * tl.load(cb_ptr + sh * C + j)
             acc_u = _mac(tl.load(ct_ptr + (sh * C + t) * C + j), vbj, acc_u, FUSED)
         acc_ws = tl.zeros((BV,), tl.float32)
         acc_o = tl.zeros((BV,), tl.float32)
-        for d in range(0, K):
-            srow = tl.load(s_ptr + (sh * K + d) * V + cols)
+        for d in range(0, K):  # the dot's chain over KP less its trailing 0 * 0 terms (exact no-ops)
+            srow = tl.load(s_ptr + (sh * K + d) * V + cols, mask=cm, other=0.0)
             acc_ws = _mac(tl.load(scr + 3 * C + d), srow, acc_ws, FUSED)
-            acc_o = _mac(tl.load(scr + 3 * C + K + d), srow, acc_o, FUSED)
+            acc_o = _mac(tl.load(scr + 3 * C + KP + d), srow, acc_o, FUSED)
         u_t = acc_u - acc_ws
         for j in range(0, t):
-            acc_o = _mac(tl.load(scr + C + j), tl.load(cu_ptr + (sh * C + j) * V + cols), acc_o, FUSED)
+            acc_o = _mac(tl.load(scr + C + j), tl.load(cu_ptr + (sh * C + j) * V + cols, mask=cm, other=0.0), acc_o,
+                         FUSED)
         acc_o = _mac(tl.load(scr + C + t), u_t, acc_o, FUSED)
-        tl.store(o_ptr + ih * V + cols, acc_o)
-        tl.store(cu_ptr + (sh * C + t) * V + cols, u_t)
+        tl.store(o_ptr + ih * V + cols, acc_o, mask=cm)
+        tl.store(cu_ptr + (sh * C + t) * V + cols, u_t, mask=cm)
     if t == C - 1:  # the chunk is complete: S' = S exp(G_t) + sum_j (k_j exp(G_t - G_j)) u_j^T, chain over j
         tl.debug_barrier()
-        for vb in tl.static_range(V // BV):
+        for vb in tl.static_range((V + BV - 1) // BV):
             cols = vb * BV + tl.arange(0, BV)
+            cm = cols < V
+            sm = km[:, None] & cm[None, :]
             sp = s_ptr + (sh * K + kk)[:, None] * V + cols[None, :]
-            acc = tl.load(sp) * tl.exp(G_t)
+            acc = tl.load(sp, mask=sm, other=0.0) * tl.exp(G_t)
             for j in range(0, C):
-                kd = tl.load(ck_ptr + (sh * C + j) * K + kk) * tl.exp(G_t - tl.load(scr + 2 * C + j))
-                acc = _mac(kd[:, None], tl.load(cu_ptr + (sh * C + j) * V + cols)[None, :], acc, FUSED)
-            tl.store(sp, acc)
+                kd = tl.load(ck_ptr + (sh * C + j) * K + kk, mask=km, other=0.0) * tl.exp(G_t - tl.load(scr + 2 * C + j))
+                acc = _mac(kd[:, None], tl.load(cu_ptr + (sh * C + j) * V + cols, mask=cm, other=0.0)[None, :], acc, FUSED)
+            tl.store(sp, acc, mask=sm)
 
 
 def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, variant: str = DEFAULT_CHUNK_DECODE):
@@ -406,16 +436,17 @@ def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, variant: str 
     n, hv, dk = q.shape
     dv = v.shape[-1]
     q, k, v, g, beta = (x.float().contiguous() for x in (q, k, v, g, beta))
+    kp = padded_k(dk)
     o = torch.empty(n, hv, dv, device=q.device, dtype=torch.float32)
     if n and variant != "dot":
-        scr = torch.empty(n, hv, 3 * CHUNK + 2 * dk, device=q.device, dtype=torch.float32)
+        scr = torch.empty(n, hv, 3 * CHUNK + 2 * kp, device=q.device, dtype=torch.float32)
         _launch("chain", _decode_chain_kernel, lambda bv: (n, hv), q, k, v, g, beta, o, slots.contiguous(),
                 pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"], cache["cg"], cache["cb"],
-                cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, FUSED=variant == "chain",
+                cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, KP=kp, FUSED=variant == "chain",
                 **_OPTS)
     elif n:
         _launch("decode", _decode_kernel, lambda bv: (n, hv), q, k, v, g, beta, o, slots.contiguous(),
                 pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"], cache["cg"], cache["cb"],
-                cache["ct"], cache["cu"], hv, K=dk, V=dv, C=CHUNK, **_OPTS)
+                cache["ct"], cache["cu"], hv, K=dk, V=dv, C=CHUNK, KP=kp, **_OPTS)
     return o
 

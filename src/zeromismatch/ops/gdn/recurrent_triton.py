@@ -9,6 +9,8 @@ state reductions read the decayed state. H200 (results/gpu/README.md): 4.9 ms fo
 (K = V = 128), 0.079 ms for a 64-sequence decode step (1.14x the fp32 state read+write). Packed sequences via
 cu_seqlens; the state is read from state[state_indices[b]] and the final state written back to the same place
 (in place: the generator passes its [slots, HV, K, V] cache and the batch's slots; the trainer a zero buffer).
+Any K and V: the key index runs over K rounded up to a power of two and the value blocks over V rounded up to
+BV, masked (loads give 0, stores skipped); a power-of-two K and V have all-true masks, so the same values.
 
 Invariance: a program's arithmetic depends only on its own sequence; every call passes a state (never a
 "no initial state" variant), the config (BV, num_warps, num_stages) is a module constant, and no integer that
@@ -38,7 +40,7 @@ NUM_STAGES = 2
 def _gdn_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, state_ptr, idx_ptr, cu_ptr,
                           stride_q, stride_k, stride_v, stride_g, stride_b, stride_o, scale,
                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                          BLOCK_V: tl.constexpr):
+                          KP: tl.constexpr, BLOCK_V: tl.constexpr):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_n = i_nh // HV
@@ -47,10 +49,11 @@ def _gdn_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, state_ptr, i
     bos = tl.load(cu_ptr + i_n).to(tl.int64)
     eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
     slot = tl.load(idx_ptr + i_n).to(tl.int64)
-    o_k = tl.arange(0, K)
+    o_k = tl.arange(0, KP)  # KP = K rounded up to a power of two; the padding holds exact zeros
     o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
     p_s = state_ptr + (slot * HV + i_hv) * (K * V) + o_k[:, None] * V + o_v[None, :]
-    h = tl.load(p_s)
+    m_s = (o_k < K)[:, None] & (o_v < V)[None, :]
+    h = tl.load(p_s, mask=m_s, other=0.0)
     live = bos < eos
     q_n = tl.load(q_ptr + bos * stride_q + i_h * K + o_k, mask=live & (o_k < K), other=0.0)
     k_n = tl.load(k_ptr + bos * stride_k + i_h * K + o_k, mask=live & (o_k < K), other=0.0)
@@ -79,8 +82,8 @@ def _gdn_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, state_ptr, i
         delta = (v - kv) * beta
         o = hq + qk * delta
         h = h + k[:, None] * delta[None, :]
-        tl.store(o_ptr + t * stride_o + i_hv * V + o_v, o.to(o_ptr.dtype.element_ty))
-    tl.store(p_s, h)
+        tl.store(o_ptr + t * stride_o + i_hv * V + o_v, o.to(o_ptr.dtype.element_ty), mask=o_v < V)
+    tl.store(p_s, h, mask=m_s)
 
 
 def _check_tok(x: torch.Tensor, inner: int, name: str) -> torch.Tensor:
@@ -100,7 +103,7 @@ def recurrent_fwd_triton(q, k, v, g, beta, cu_seqlens, state, state_indices=None
     hv, dv = v.shape[1], v.shape[2]
     b = cu_seqlens.numel() - 1
     assert state.dtype == torch.float32 and state.is_contiguous() and state.shape[1:] == (hv, dk, dv), state.shape
-    assert hv % h == 0 and dk == triton.next_power_of_2(dk)
+    assert hv % h == 0, (h, hv)
     q, k, v = _check_tok(q, dk, "q"), _check_tok(k, dk, "k"), _check_tok(v, dv, "v")
     g, beta = g.float(), beta.float()
     g = g if g.stride(-1) == 1 else g.contiguous()
@@ -111,12 +114,11 @@ def recurrent_fwd_triton(q, k, v, g, beta, cu_seqlens, state, state_indices=None
     cu_seqlens = cu_seqlens.to(torch.int32)
     if out is None:
         out = torch.empty(n_tok, hv, dv, device=q.device, dtype=out_dtype)
-    bv = block_v or min(BV, dv)
-    assert dv % bv == 0
+    bv = block_v or min(BV, triton.next_power_of_2(dv))
     if b:
-        grid = (dv // bv, b * hv)
+        grid = (triton.cdiv(dv, bv), b * hv)
         _gdn_recurrent_kernel[grid](q, k, v, g, beta, out, state, state_indices, cu_seqlens,
                      q.stride(0), k.stride(0), v.stride(0), g.stride(0), beta.stride(0), out.stride(0),
-                     dk ** -0.5, H=h, HV=hv, K=dk, V=dv, BLOCK_V=bv,
+                     dk ** -0.5, H=h, HV=hv, K=dk, V=dv, KP=triton.next_power_of_2(dk), BLOCK_V=bv,
                      num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
     return out

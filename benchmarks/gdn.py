@@ -1,0 +1,122 @@
+"""GDN kernels' times -> $OUT/gdn.json (64 sequences x 32 value heads for decode, 8 x 4096 tokens for the
+trainer; K = V = 128 unless named).
+
+- recurrent (bi; ops/gdn/recurrent_triton.py): the 8 x 4096-token forward; one decode step (CUDA-graph replay
+  over 4 rotating caches, and eager) vs the fp32 state read + write floor (a copy of the 64 states)
+- chunk_decode (bi_chunk; ops/gdn/chunk_triton.py): the fused decode step at open-chunk positions 0, 31, 63
+  (63 closes the chunk and writes the state) vs the same floor, both decode kernels; the step at K = V = 96
+  (padded to 128 for the keys); recomputing the zero-padded open chunk with the chunked forward instead
+- chunk_train: the chunked forward vs the recurrent kernel vs torch's fp32 chunked form (not invariant)
+"""
+
+import torch
+import torch.nn.functional as F
+from common import DEV, bench, bench_graph, cu_seqlens, log, parse_args, write_json
+
+N_SEQ, HEADS, B_TRAIN, T_TRAIN = 64, 32, 8, 4096
+
+
+def raw_inputs(n, h, hv, dk=128, dv=128, seed=0):
+    """Recurrent-kernel inputs (q, k raw bf16 [n, h, K]; v [n, hv, V]; g, beta fp32 [n, hv])."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    mixed = torch.randn(n, 2 * h * dk + hv * dv, device=DEV, generator=g).bfloat16()
+    q, k, v = mixed[:, : h * dk].view(n, h, dk), mixed[:, h * dk : 2 * h * dk].view(n, h, dk), mixed[:, 2 * h * dk :].view(n, hv, dv)
+    return q, k, v, -torch.rand(n, hv, device=DEV, generator=g) * 0.3, torch.rand(n, hv, device=DEV, generator=g)
+
+
+def prepared_inputs(b, h, t, dk=128, dv=128, seed=0):
+    """Chunked-form inputs [B, HV, T, D] fp32, q and k l2-normalized, q scaled."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    q = F.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1) * dk**-0.5
+    k = F.normalize(torch.randn(b, h, t, dk, device=DEV, generator=g), dim=-1)
+    v = torch.randn(b, h, t, dv, device=DEV, generator=g)
+    return q, k, v, -torch.rand(b, h, t, device=DEV, generator=g) * 0.3, torch.rand(b, h, t, device=DEV, generator=g)
+
+
+def open_chunk_cache(n, h, dk=128, dv=128, seed=0):
+    from zeromismatch.ops.gdn import CHUNK
+
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    f = lambda *s: torch.randn(*s, device=DEV, generator=g) * 0.1  # noqa: E731
+    return {"ssm": f(n, h, dk, dv), "ck": f(n, h, CHUNK, dk), "cv": f(n, h, CHUNK, dv), "cg": -f(n, h, CHUNK).abs(),
+            "cb": f(n, h, CHUNK).abs(), "ct": f(n, h, CHUNK, CHUNK), "cu": f(n, h, CHUNK, dv)}
+
+
+def state_floor(caches):
+    srcs = [c["ssm"] if isinstance(c, dict) else c for c in caches]
+    dsts = [torch.empty_like(x) for x in srcs]
+    return bench_graph([lambda i=i: dsts[i].copy_(srcs[i]) for i in range(len(srcs))])
+
+
+def recurrent():
+    from zeromismatch.ops.gdn.recurrent_triton import recurrent_fwd_triton
+
+    q, k, v, g, beta = raw_inputs(B_TRAIN * T_TRAIN, HEADS // 2, HEADS, seed=21)
+    cu = cu_seqlens([T_TRAIN] * B_TRAIN)
+    o = torch.empty(B_TRAIN * T_TRAIN, HEADS, 128, device=DEV, dtype=torch.bfloat16)
+    state = torch.zeros(B_TRAIN, HEADS, 128, 128, device=DEV)
+    r = {"prefill_8x4096_ms": bench(lambda: recurrent_fwd_triton(q, k, v, g, beta, cu, state, out=o), warmup=5, rep=40)}
+    r["prefill_tokens_per_s"] = B_TRAIN * T_TRAIN / r["prefill_8x4096_ms"] * 1e3
+    q, k, v, g, beta = raw_inputs(N_SEQ, HEADS // 2, HEADS, seed=22)
+    caches = [torch.randn(N_SEQ, HEADS, 128, 128, device=DEV) * 0.01 for _ in range(4)]
+    slots, cu1 = torch.arange(N_SEQ, device=DEV), cu_seqlens([1] * N_SEQ)
+    od = torch.empty(N_SEQ, HEADS, 128, device=DEV, dtype=torch.bfloat16)
+    r["decode_ms_graph"] = bench_graph([lambda c=c: recurrent_fwd_triton(q, k, v, g, beta, cu1, c, slots, out=od) for c in caches])
+    r["decode_ms_eager"] = bench(lambda: recurrent_fwd_triton(q, k, v, g, beta, cu1, caches[0], slots, out=od), warmup=20, rep=100)
+    r["state_floor_ms_graph"] = state_floor(caches)
+    r["decode_over_floor"] = r["decode_ms_graph"] / r["state_floor_ms_graph"]
+    return r
+
+
+def chunk_decode():
+    from zeromismatch.ops.gdn import CHUNK
+    from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton, chunk_fwd_triton
+
+    r = {}
+    for dk, dv, variants, positions in ((128, 128, ("chain", "dot"), (0, 31, 63)), (96, 96, ("chain",), (31,))):
+        q, k, v, gg, beta = (x[:, :, 0].contiguous() for x in prepared_inputs(N_SEQ, HEADS, 1, dk, dv, seed=5))
+        caches = [open_chunk_cache(N_SEQ, HEADS, dk, dv, seed=i) for i in range(4)]
+        slots, tag = torch.arange(N_SEQ, device=DEV), f"K{dk}_V{dv}"
+        r[f"{tag}_state_floor_ms"] = floor = state_floor(caches)
+        for variant in variants:
+            for t in positions:
+                pos = torch.full((N_SEQ,), t, device=DEV)
+                ms = bench_graph([lambda c=c: chunk_decode_triton(q, k, v, gg, beta, slots, pos, c, variant=variant)
+                                  for c in caches])
+                r[f"{tag}_{variant}_t{t}_ms"], r[f"{tag}_{variant}_t{t}_over_floor"] = ms, ms / floor
+    pq, pk, pv, pg, pb = prepared_inputs(N_SEQ, HEADS, CHUNK, seed=6)
+    st0 = open_chunk_cache(N_SEQ, HEADS)["ssm"]
+    r["recompute_open_chunk_ms"] = bench_graph([lambda: chunk_fwd_triton(pq, pk, pv, pg, pb, st0)])
+    r["recompute_over_chain_t31"] = r["recompute_open_chunk_ms"] / r["K128_V128_chain_t31_ms"]
+    return r
+
+
+def chunk_train():
+    from zeromismatch.ops.gdn.chunk_triton import chunk_fwd_triton
+    from zeromismatch.ops.gdn.naive import chunk_fwd
+    from zeromismatch.ops.gdn.recurrent_triton import recurrent_fwd_triton
+
+    q, k, v, gg, beta = prepared_inputs(B_TRAIN, HEADS, T_TRAIN, seed=7)
+    s0 = torch.zeros(B_TRAIN, HEADS, 128, 128, device=DEV)
+    r = {"chunk_fwd_ms": bench(lambda: chunk_fwd_triton(q, k, v, gg, beta, s0), warmup=2, rep=10),
+         "torch_chunk_fp32_ms": bench(lambda: chunk_fwd(q, k, v, gg, beta, s0), warmup=1, rep=3)}
+    rq, rk, rv, rg, rb = raw_inputs(B_TRAIN * T_TRAIN, HEADS, HEADS, seed=21)
+    cu = cu_seqlens([T_TRAIN] * B_TRAIN)
+    o = torch.empty(B_TRAIN * T_TRAIN, HEADS, 128, device=DEV, dtype=torch.bfloat16)
+    r["recurrent_ms"] = bench(lambda: recurrent_fwd_triton(rq, rk, rv, rg, rb, cu, s0, out=o), warmup=2, rep=10)
+    r["chunk_over_recurrent"] = r["chunk_fwd_ms"] / r["recurrent_ms"]
+    return r
+
+
+def main():
+    args = parse_args(__doc__)
+    res = {}
+    for name, fn in (("recurrent", recurrent), ("chunk_decode", chunk_decode), ("chunk_train", chunk_train)):
+        log("gdn", name)
+        res[name] = fn()
+        write_json(args, "gdn", res)
+    log("wrote", write_json(args, "gdn", res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The H200 run (from the repo root; the device sets $OUT): tests/gpu, then the parity numbers and the kernel
+# and model timings, one after another (they share the GPU), each under its own time limit so the whole run
+# fits one 10-minute device call; every JSON is written as its sections finish.
+#   bash benchmarks/run_h200.sh COMMIT        (the device copy of the tree may have no .git: pass the commit)
+# Writes to $OUT: log.txt, pytest_gpu.txt, parity_presets.json, parity_sweep.json, gdn.json, gemm.json,
+# model_forward.json.
+set -o pipefail
+OUT="${OUT:-results/gpu/latest}"
+COMMIT="${1:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
+log="$OUT/log.txt"
+{ echo "commit $COMMIT"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } 2>&1 | tee "$log"
+
+step() {  # step SECONDS NAME COMMAND...: run under a time limit (SIGINT first; the JSON so far is kept)
+    local limit=$1 name=$2; shift 2
+    echo "== $name (limit ${limit}s): $*" | tee -a "$log"
+    local t0=$SECONDS
+    timeout --signal=INT --kill-after=15 "$limit" "$@" 2>&1 | tee -a "$log" | tail -n 3
+    echo "== $name rc=$? in $((SECONDS - t0))s" | tee -a "$log"
+}
+
+echo "== tests_gpu (limit 240s)" | tee -a "$log"
+t0=$SECONDS
+timeout --signal=INT --kill-after=20 240 python -m pytest -q -rA --durations=15 -p no:cacheprovider tests/gpu \
+    > "$OUT/pytest_gpu.txt" 2>&1
+echo "== tests_gpu rc=$? in $((SECONDS - t0))s; summary:" | tee -a "$log"
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu.txt" | tail -n 20 | tee -a "$log"
+step 120 parity python benchmarks/parity.py --out "$OUT" --commit "$COMMIT"
+step 60 gdn python benchmarks/gdn.py --out "$OUT" --commit "$COMMIT"
+step 60 gemm python benchmarks/gemm.py --out "$OUT" --commit "$COMMIT"
+step 45 model python benchmarks/model.py --out "$OUT" --commit "$COMMIT"
+echo "== done in ${SECONDS}s" | tee -a "$log"
