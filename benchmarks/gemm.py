@@ -37,7 +37,8 @@ def train_shapes(linear_raw, pick, tma_ok):
         for m in (4096, 16384):
             x = rand(m, k, seed=13)
             name = pick(m, n, k, x.dtype, tma_ok(x, w, n))
-            r = {"policy_cfg": name, "cublas_ms": bench(lambda: F.linear(x, w)), "ours_ms": bench(lambda: linear_raw(x, w, name))}
+            r = {"policy_cfg": name, "cublas_ms": bench(lambda: F.linear(x, w)),
+                 "ours_ms": bench(lambda: linear_raw(x, w, name))}
             r["ratio"], r["ours_tflops"] = r["ours_ms"] / r["cublas_ms"], 2 * m * n * k / r["ours_ms"] / 1e9
             out[f"M{m}_K{k}_N{n}"] = r
     return out
@@ -60,7 +61,8 @@ def decode_shapes(linear_raw, pick, tma_ok):
             r["bytes_floor_ms"] = (n * k + m * k + m * n) * 2 / 4.25e12 * 1e3  # at the measured 4.25 TB/s copy
             out[f"M{m}_K{k}_N{n}"] = r
             x, w = xs[0], ws[0]
-            eager[f"M{m}_K{k}_N{n}"] = {"cublas_ms": bench(lambda: F.linear(x, w)), "ours_ms": bench(lambda: linear_raw(x, w, name))}
+            eager[f"M{m}_K{k}_N{n}"] = {"cublas_ms": bench(lambda: F.linear(x, w)),
+                                        "ours_ms": bench(lambda: linear_raw(x, w, name))}
     return out, eager
 
 

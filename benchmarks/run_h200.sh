@@ -27,8 +27,8 @@ timeout --signal=INT --kill-after=20 240 python -m pytest -q -rA --durations=15 
     > "$OUT/pytest_gpu.txt" 2>&1
 echo "== tests_gpu rc=$? in $((SECONDS - t0))s; summary:" | tee -a "$log"
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu.txt" | tail -n 20 | tee -a "$log"
-step 120 parity python benchmarks/parity.py --out "$OUT" --commit "$COMMIT"
-step 60 gdn python benchmarks/gdn.py --out "$OUT" --commit "$COMMIT"
-step 60 gemm python benchmarks/gemm.py --out "$OUT" --commit "$COMMIT"
-step 45 model python benchmarks/model.py --out "$OUT" --commit "$COMMIT"
+step 110 parity python benchmarks/parity.py --out "$OUT" --commit "$COMMIT"
+step 50 gdn python benchmarks/gdn.py --out "$OUT" --commit "$COMMIT"
+step 50 gemm python benchmarks/gemm.py --out "$OUT" --commit "$COMMIT"
+step 40 model python benchmarks/model.py --out "$OUT" --commit "$COMMIT"
 echo "== done in ${SECONDS}s" | tee -a "$log"

@@ -26,7 +26,7 @@ def test_row_reduce_invariant(d):
 
 
 @pytest.mark.parametrize("policy", ["fixed", "adaptive"])
-@pytest.mark.parametrize("k,n", [(256, 512), (1024, 8192), (1024, 32), (4096, 4096), (192, 1)])
+@pytest.mark.parametrize("k,n", [(256, 512), (1024, 8192), (1024, 32), (4096, 4096), (192, 1), (4096, 12352), (96, 40)])
 def test_linear_row_invariant(policy, k, n):
     from zeromismatch.ops.linear.triton import linear_raw
 
@@ -37,6 +37,26 @@ def test_linear_row_invariant(policy, k, n):
         assert torch.equal(linear_raw(x[:m], w, policy=policy), full[:m]), m
     ref = x.double() @ w.double().t()
     assert ((full.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("m,k,n", [(512, 1024, 8192), (300, 256, 512), (64, 4096, 4096), (1000, 1024, 4096), (3, 4096, 12352)])
+def test_linear_every_config_same_bits_and_accurate(m, k, n):
+    """Config independence (what lets the adaptive policy pick tiles by M): every bf16 tile config gives the
+    bits of the reference config s64, each within bf16 rounding of float64; the fp32 configs likewise."""
+    from zeromismatch.ops.linear.triton import CONFIGS, _tma_ok, linear_raw
+
+    x = torch.randn(m, k, device=DEV, generator=_gen(7)).bfloat16()
+    w = (torch.randn(n, k, device=DEV, generator=_gen(8)) * 0.02).bfloat16()
+    ref = x.double() @ w.double().t()
+    for dtype, base_name in ((torch.bfloat16, "s64"), (torch.float32, "f32")):
+        xd, wd = x.to(dtype), w.to(dtype)
+        base = linear_raw(xd, wd, base_name)
+        for name, cfg in CONFIGS.items():
+            if name.startswith("f32") != (dtype == torch.float32) or (cfg.tma and not _tma_ok(xd, wd, n)):
+                continue
+            y = linear_raw(xd, wd, name)
+            assert torch.equal(y, base), name
+            assert ((y.double() - ref).norm() / ref.norm()).item() < (1e-2 if dtype == torch.bfloat16 else 1e-6), name
 
 
 def test_linear_fp32_invariant_and_accurate():
@@ -51,12 +71,15 @@ def test_linear_fp32_invariant_and_accurate():
     assert ((full.double() - ref).norm() / ref.norm()).item() < 1e-6
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_bmm_batch_invariant(dtype):
+@pytest.mark.parametrize("dtype,m,k,n", [(torch.bfloat16, 64, 256, 320), (torch.float32, 64, 256, 320),
+                                         (torch.bfloat16, 64, 2048, 256), (torch.bfloat16, 64, 48, 192),
+                                         (torch.float32, 64, 128, 128), (torch.float32, 64, 64, 96)])
+def test_bmm_batch_invariant(dtype, m, k, n):
+    """Attention shapes (bf16; head dims 256, 48; 2048 keys) and chunked-GDN shapes (fp32)."""
     from zeromismatch.ops.linear.bmm_triton import bmm
 
-    a = torch.randn(300, 64, 256, device=DEV, generator=_gen(5)).to(dtype)
-    b = torch.randn(300, 256, 320, device=DEV, generator=_gen(6)).to(dtype)
+    a = torch.randn(300, m, k, device=DEV, generator=_gen(5)).to(dtype)
+    b = torch.randn(300, k, n, device=DEV, generator=_gen(6)).to(dtype)
     full = bmm(a, b)
     for nb in (1, 2, 9, 77):
         assert torch.equal(bmm(a[:nb], b[:nb]), full[:nb])
@@ -120,6 +143,27 @@ def check_recurrent_reference_and_invariance(dk, dv, lens):
         parts.append(recurrent_fwd_triton(q[a:bnd], k[a:bnd], v[a:bnd], g[a:bnd], beta[a:bnd],
                                        torch.tensor([0, bnd - a], device=DEV, dtype=torch.int32), cache, slot))
     assert torch.equal(torch.cat(parts), o[s:e]) and torch.equal(cache[2], state[-1])
+
+
+def test_gdn_recurrent_decode_slots():
+    """One token for 64 sequences in scattered cache slots == each sequence alone; other slots untouched."""
+    from zeromismatch.ops.gdn.recurrent_triton import recurrent_fwd_triton
+
+    n, hv = 64, 8
+    q, k, v, g, beta = _gdn_inputs(n, hv=hv, seed=3)
+    cache = torch.randn(100, hv, 128, 128, device=DEV, generator=_gen(4)) * 0.1
+    snap = cache.clone()
+    slots = torch.randperm(100, device=DEV, generator=_gen(5))[:n]
+    ones = torch.arange(n + 1, device=DEV, dtype=torch.int32)
+    o = recurrent_fwd_triton(q, k, v, g, beta, ones, cache, slots)
+    for i in (0, 5, 63):
+        alone = snap.clone()
+        oi = recurrent_fwd_triton(q[i : i + 1], k[i : i + 1], v[i : i + 1], g[i : i + 1], beta[i : i + 1], ones[:2],
+                                  alone, slots[i : i + 1])
+        assert torch.equal(oi, o[i : i + 1]) and torch.equal(alone[slots[i]], cache[slots[i]])
+    untouched = torch.ones(100, dtype=torch.bool, device=DEV)
+    untouched[slots] = False
+    assert torch.equal(cache[untouched], snap[untouched])
 
 
 def test_gdn_recurrent_backward_matches_reference():

@@ -15,7 +15,7 @@ from zeromismatch.models.qwen3_5 import build_model
 from zeromismatch.parity import check_parity
 
 pytestmark = pytest.mark.gpu
-GPU_SWEEP_DRAWS = int(os.environ.get("ZM_GPU_SWEEP_DRAWS", 8))
+GPU_SWEEP_DRAWS = int(os.environ.get("ZM_GPU_SWEEP_DRAWS", 6))
 SWEEP_SEED = 0
 SCHEDULE_KEYS = ("max_slots", "max_batched_tokens", "order", "arrivals", "prefix_caching")
 

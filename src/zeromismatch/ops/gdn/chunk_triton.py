@@ -24,8 +24,9 @@ Kernels:
   cached so no earlier row is recomputed. Two kernels (conf/numerics `chunk_decode`): `_decode_kernel`
   ("dot": the trainer's construct, its operand in row 0 of 16-row tiles, equal by construction) and
   `_decode_chain_kernel` ("chain", default: each chain a loop of tl.fma, no padding, 5x faster; equal to "dot"
-  because tl.dot's fp32 lowering is a fused-multiply-add chain, which the H200 suite measures every run:
-  results/gpu/README.md; "chain_mul_add" is the other reading, multiply then add, measured not equal).
+  because tl.dot's fp32 lowering is a fused-multiply-add chain, which tests/gpu checks on every GPU run
+  (test_gdn_chunk_decode_kernels_agree; results/gpu/README.md); "chain_mul_add" is the other reading,
+  multiply then add, measured not equal).
 
 Any head size: tl.arange and tl.dot need power-of-two extents (>= 16 for a dot). The chunked forward zero-pads
 K to KP (the next power of two, >= 16) and V to a multiple of 16 before the kernels; the decode kernels read
@@ -334,7 +335,7 @@ def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr,
                          FUSED: tl.constexpr):
     """The decode step with every chain written out as a loop over its index (no 16-row padding): the same
-    chains as `_decode_kernel` when tl.dot's lowering is `FUSED` (the H200 suite checks its bits every run)."""
+    chains as `_decode_kernel` when tl.dot's lowering is `FUSED` (tests/gpu checks its bits every GPU run)."""
     i = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + i).to(tl.int64)
@@ -419,8 +420,10 @@ def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos
             sp = s_ptr + (sh * K + kk)[:, None] * V + cols[None, :]
             acc = tl.load(sp, mask=sm, other=0.0) * tl.exp(G_t)
             for j in range(0, C):
-                kd = tl.load(ck_ptr + (sh * C + j) * K + kk, mask=km, other=0.0) * tl.exp(G_t - tl.load(scr + 2 * C + j))
-                acc = _mac(kd[:, None], tl.load(cu_ptr + (sh * C + j) * V + cols, mask=cm, other=0.0)[None, :], acc, FUSED)
+                kd = tl.load(ck_ptr + (sh * C + j) * K + kk, mask=km, other=0.0) * \
+                    tl.exp(G_t - tl.load(scr + 2 * C + j))
+                u_j = tl.load(cu_ptr + (sh * C + j) * V + cols, mask=cm, other=0.0)
+                acc = _mac(kd[:, None], u_j[None, :], acc, FUSED)
             tl.store(sp, acc, mask=sm)
 
 

@@ -54,7 +54,7 @@ class Cfg:
     ws: bool = False  # persistent only: tl.range(warp_specialize=True)
 
 
-# named configs (the suite times each); BLOCK_K is fixed per dtype
+# named configs (tests/gpu: every one gives the same bits; benchmarks/gemm.py times some); BLOCK_K fixed per dtype
 CONFIGS = {
     "s16": Cfg(64, 16, BLOCK_K_BF16, 4, 6),
     "s32": Cfg(64, 32, BLOCK_K_BF16, 4, 6),
