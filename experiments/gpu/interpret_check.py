@@ -7,8 +7,9 @@ forward must match float64 within 1e-5. Then the whole model path (every op's CU
 reductions, bmm, the GDN backends' CUDA branches and the cache's in-place slots) generates with the engine and
 rescores with the trainer's forward, for bi and bi_chunk: every logprob must be equal. Head sizes that are not
 powers of two (K = V = 96; K = 128, V = 96; K = 96, V = 40) run padded and masked: the same checks at small
-shapes (decode == chunked rows bitwise, both decode kernels agree, recurrent kernel vs float64). About 5
-minutes on one core; `--head-sizes` runs only the head-size checks (about a minute).
+shapes (decode == chunked rows bitwise, both decode kernels agree, recurrent kernel vs float64) and the micro
+model's engine-vs-trainer check at K = V = 96. About 8 minutes on one core; `--head-sizes` runs only the
+head-size checks.
 
     pip install triton==3.6.0 && TRITON_INTERPRET=1 PYTHONPATH=src python experiments/gpu/interpret_check.py
 
@@ -59,15 +60,16 @@ def _set_attr_np2(self, obj, name, value):
 interp._LangPatchScope.set_attr = _set_attr_np2
 
 
-def model_parity(mode):
+def model_parity(mode, **overrides):
     """Engine generation (continuous batching, prefill pieces, chunk closes, a prefix-cache hit) vs the trainer's
-    packed forward on a micro model: (sequences whose logprobs are all equal, sequences)."""
+    packed forward on a micro model (config fields overridden by `overrides`): (sequences whose logprobs are all
+    equal, sequences)."""
     from gen_helpers import MICRO, prompts_of
     from zeromismatch.generator import Engine, SamplingParams
     from zeromismatch.models.qwen3_5 import build_model
     from zeromismatch.ops.logprob import token_logprobs
 
-    model = build_model("tiny", mode, seed=1, **MICRO).eval()
+    model = build_model("tiny", mode, seed=1, **dict(MICRO, **overrides)).eval()
     prompts = prompts_of([3, 66, 50, 130], seed=2)
     prompts.append(prompts[1][:64] + [7, 8])  # shares a 64-token block with prompt 1
     eng = Engine(model, max_slots=3, max_batched_tokens=80, max_model_len=256)
@@ -105,6 +107,10 @@ def head_size_checks(t):
         t.check_recurrent_reference_and_invariance(dk, dv, [9, 1, 7])
         print(f"K={dk} V={dv}: chunked fwd vs float64 {rel:.1e}; decode (dot, chain) == chunked rows; "
               "chain == dot; recurrent vs float64, alone == batched, split exact: ok")
+    for mode in ("bi", "bi_chunk"):
+        equal, total = model_parity(mode, linear_key_head_dim=96, linear_value_head_dim=96)
+        print(f"{mode}, GDN head dims K = V = 96: engine logprobs == trainer forward for {equal}/{total} sequences")
+        assert equal == total, mode
 
 
 def main():
