@@ -4,8 +4,8 @@ reproduce the trainer's forward (packed batches) bit for bit.
 
 Why these formulations (measured on our CPU, torch 2.13 + MKL, and asserted in tests/ops/test_invariant.py):
 - F.linear picks different kernels for different row counts (a single row takes a GEMV path; other M change
-  the blocking), so a row's bits depend on M. A GEMM whose row count is always a multiple of ROW_TILE gives
-  every row the same bits wherever it sits: we pad rows to that multiple.
+  the blocking and threading), so a row's bits depend on M: linear is the fixed-shape blocked GEMM of
+  ops/linear/cpu.py (its docstring says why that is invariant by construction).
 - sigmoid / silu / softplus run a vectorized body and a scalar tail whose results differ by an ulp, so an
   element's bits depend on its position in the tensor. exp, log, log1p, rsqrt and IEEE division agree between
   the two paths, so the activations are composed from those.
@@ -15,24 +15,8 @@ Why these formulations (measured on our CPU, torch 2.13 + MKL, and asserted in t
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-ROW_TILE = 32
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T with every row computed identically whatever the number of rows (CPU formulation;
-    the GPU uses kernels/ of its own, dispatched by numerics)."""
-    *lead, k = x.shape
-    x2 = x.reshape(-1, k)
-    m = x2.shape[0]
-    pad = (-m) % ROW_TILE
-    if pad:
-        x2 = F.pad(x2, (0, 0, 0, pad))
-    y = x2 @ weight.t()
-    if pad:
-        y = y[:m]
-    return y.reshape(*lead, weight.shape[0])
+from .linear.cpu import linear  # noqa: F401  (re-exported: the CPU batch-invariant GEMM)
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
