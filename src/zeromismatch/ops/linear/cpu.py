@@ -1,19 +1,19 @@
-"""CPU batch-invariant GEMM: `linear(x, weight)` = x @ weight.T where a row's bits never depend on how many
-rows share the call, where the row sits, or how many threads torch uses.
+"""CPU batch-invariant GEMM: `linear(x, weight)` = x @ weight.T (CPU tensors) where a row's bits never depend
+on how many rows share the call, where the row sits, or how many threads torch uses.
 
 Construction (why it holds at every shape):
 - Every GEMM issued for a weight has ONE shape: the rows of x are cut into blocks of ROW_BLOCK rows (the
   last block zero-padded) and each block is its own [ROW_BLOCK, K] x [K, N] GEMM, on operands laid out the
-  same way every time (contiguous, row stride K in and N out, each block starting at the same alignment
-  modulo 64 bytes as a fresh torch allocation). MKL chooses its kernel, cache blocking and order of the K
+  same way every time (contiguous, row stride K in and N out, every operand starting on a 64-byte boundary:
+  inputs that are not are copied into a fresh allocation). MKL chooses its kernel, cache blocking and order of the K
   reduction from the call (shape, strides, alignment, dtype, thread count) and the CPU, so every block of
   every call runs the same arithmetic, whatever the number of rows M. One GEMM over all M rows does not:
   MKL re-blocks and re-threads by M (a [384, 1024] weight at 2 threads gives rows that differ between
   M = 1..129 and M = 300).
 - Each GEMM runs on one thread: MKL's thread-local thread count is set to 1 around the calls (the MKL service
   function mkl_set_num_threads_local, exported by torch's own libtorch_cpu), so no reduction is split across
-  threads and the bits are the same with 1 or 2 torch threads (a threaded MKL splits K for some shapes and
-  changes bits with the thread count, e.g. K >= 1000 here).
+  threads and the bits are the same with 1 or 2 torch threads (threaded, the same fixed-shape GEMMs change
+  bits between 1 and 2 threads at every K >= 1000 tried here).
 - bf16 / fp16 inputs are computed in fp32 (their products are exact in fp32; one rounding at the end):
   torch's reduced-precision CPU GEMM runs in oneDNN, whose threading the MKL setting does not reach.
 
