@@ -6,7 +6,9 @@ shape of the presets, for a trainer-size row count and decode row counts, with 1
 
 Times are the minimum over repeats (the machine is shared: the minimum is the least disturbed run); "per
 forward" sums a shape's time over its uses in one forward of the model (experts at their expected routed
-row count M * top_k / num_experts).
+row count M * top_k / num_experts). --end-to-end adds, per preset, the CPU seconds (process time, 1 thread:
+robust to other jobs on the other core) of a `bi` trainer forward+backward over 8 x 128 tokens and of
+generating 32 x 32 tokens, with the model's linear being the invariant GEMM or the padded GEMM.
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from zeromismatch.models.qwen3_5 import get_preset
+from zeromismatch.generator import Engine, SamplingParams
+from zeromismatch.jobs.parity import random_prompts
+from zeromismatch.models.qwen3_5 import build_model, get_preset
+from zeromismatch.numerics import modes
 from zeromismatch.ops.linear import cpu
+from zeromismatch.ops.logprob import token_logprobs
 
 PADDED_ROWS = 32
 
@@ -112,6 +118,44 @@ def bench(presets, row_counts, threads, budget_s) -> dict:
     return out
 
 
+def end_to_end(presets, repeats: int = 3) -> dict:
+    """CPU seconds (best of `repeats`) of a bi trainer step and a generation, per linear variant."""
+    torch.set_num_threads(1)
+    out = {}
+    for preset in presets:
+        model = build_model(preset, "bi", seed=0)
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, model.config.vocab_size, (1024,), generator=g)
+        prompts = random_prompts(32, model.config.vocab_size, 0, min_len=16, max_len=96)
+
+        def train_step():
+            model.zero_grad(set_to_none=True)
+            (-token_logprobs(model(ids, list(range(0, 1025, 128)))[:-1], ids[1:]).mean()).backward()
+
+        def generate():
+            Engine(model, max_slots=32, max_batched_tokens=4096).generate(prompts, SamplingParams(max_new_tokens=32))
+
+        rows = {}
+        for name, fn in (("invariant_blocked", cpu.linear), ("padded_gemm", padded_gemm)):
+            modes.invariant.linear = fn  # the CPU linear of the bi / bi_chunk modes
+            rows[name] = {"trainer_fwd_bwd_cpu_s": round(min_cpu_seconds(train_step, repeats), 3),
+                          "generate_32x32_cpu_s": round(min_cpu_seconds(generate, max(1, repeats - 1)), 3)}
+        modes.invariant.linear = cpu.linear
+        out[preset] = rows
+        print(preset, rows, flush=True)
+    return out
+
+
+def min_cpu_seconds(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--presets", default="tiny,tiny_moe,qwen3_5_mid")
@@ -119,10 +163,12 @@ def main():
     p.add_argument("--threads", default="1,2")
     p.add_argument("--budget", type=float, default=0.3, help="seconds of repeats per measurement")
     p.add_argument("--row-block", type=int, default=cpu.ROW_BLOCK)
+    p.add_argument("--end-to-end", default="", help="presets for the trainer / generator measurement, e.g. tiny")
     p.add_argument("--out")
     a = p.parse_args()
     cpu.ROW_BLOCK = a.row_block
     res = bench(a.presets.split(","), [int(m) for m in a.rows.split(",")], [int(t) for t in a.threads.split(",")], a.budget)
+    e2e = end_to_end(a.end_to_end.split(",")) if a.end_to_end else None
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -136,6 +182,8 @@ def main():
         "timing": "minimum over repeats, microseconds per call; per_forward sums uses in one forward",
         "results": res,
     }
+    if e2e:
+        record["end_to_end_1_thread"] = e2e
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(record, indent=1) + "\n")

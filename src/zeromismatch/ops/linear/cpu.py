@@ -33,6 +33,7 @@ import ctypes
 import os
 
 import torch
+import torch.nn.functional as F
 
 ROW_BLOCK = 32  # rows per GEMM call: decode (M <= 64) pays for at most 31 padded rows per call
 _ALIGN = 64  # bytes: torch's CPU allocator aligns fresh tensors to this
@@ -72,19 +73,18 @@ def _blocked_mm(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     dtype = _compute_dtype(x2.dtype)
     blocks = -(-m // ROW_BLOCK)
     rows = blocks * ROW_BLOCK
-    if rows == m and _is_aligned(x2, dtype):
-        xp = x2
-    else:
-        xp = torch.empty(rows, k, dtype=dtype)
-        xp[:m] = x2
-        xp[m:] = 0
+    # a fresh allocation (contiguous, 64-byte aligned) unless x2 already is one whole number of blocks
+    xp = x2 if rows == m and _is_aligned(x2, dtype) else F.pad(x2.to(dtype), (0, 0, 0, rows - m))
     w = weight if _is_aligned(weight, dtype) else weight.to(dtype, memory_format=torch.contiguous_format, copy=True)
     wt = w.t()
-    y = torch.empty(rows, n, dtype=dtype)
     previous = _set_mkl_local_threads(1) if SEQUENTIAL_GEMM else None
     try:
-        for i in range(0, rows, ROW_BLOCK):
-            torch.mm(xp[i : i + ROW_BLOCK], wt, out=y[i : i + ROW_BLOCK])
+        if blocks == 1:
+            y = torch.mm(xp, wt)
+        else:
+            y = torch.empty(rows, n, dtype=dtype)
+            for i in range(0, rows, ROW_BLOCK):
+                torch.mm(xp[i : i + ROW_BLOCK], wt, out=y[i : i + ROW_BLOCK])
     finally:
         if SEQUENTIAL_GEMM:
             _set_mkl_local_threads(previous)
