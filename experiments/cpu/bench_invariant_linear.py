@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -167,6 +168,7 @@ def main():
     p.add_argument("--out")
     a = p.parse_args()
     cpu.ROW_BLOCK = a.row_block
+    default_threads = torch.get_num_threads()
     res = bench(a.presets.split(","), [int(m) for m in a.rows.split(",")], [int(t) for t in a.threads.split(",")], a.budget)
     e2e = end_to_end(a.end_to_end.split(",")) if a.end_to_end else None
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -175,11 +177,15 @@ def main():
     record = {
         "command": "PYTHONPATH=src python " + " ".join(sys.argv),
         "commit": commit,
-        "machine": f"{platform.machine()} {model}, {torch.get_num_threads()} default torch threads",
+        "machine": f"{platform.machine()} {model}, {os.cpu_count()} cores, {default_threads} default torch threads",
+        "load_average_1_5_15_min_at_end": os.getloadavg(),
         "torch": torch.__version__,
         "row_block": cpu.ROW_BLOCK,
         "sequential_gemm": cpu.SEQUENTIAL_GEMM,
         "timing": "minimum over repeats, microseconds per call; per_forward sums uses in one forward",
+        "note": "the machine is shared: with 2 threads, a threaded GEMM (padded_gemm, F.linear) stalls whenever "
+        "another job holds the second core (rows far above their 1-thread time); the invariant GEMM runs each "
+        "block on one thread and is not exposed to that",
         "results": res,
     }
     if e2e:
