@@ -7,29 +7,25 @@ numbers for results/gpu/ (tests/gpu asserts the same equalities):
   draw the config, max_abs_diff and sequences equal
 """
 
-import os
-import sys
 import time
 import traceback
 
 import torch
-from common import ROOT, DEV, log, parse_args, write_json
+from common import DEV, log, parse_args, write_json
 
-sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
-from test_gpu_sweep import GPU_SWEEP_DRAWS, gpu_sweep_check, sweep_draw  # noqa: E402
+from zeromismatch.generator import SamplingParams
+from zeromismatch.models.qwen3_5 import build_model
+from zeromismatch.parity import check_parity, random_prompts, sweep
+
 
 
 def extra_args(ap):
     ap.add_argument("--presets", default="tiny,tiny_moe,qwen3_5_mid")
-    ap.add_argument("--draws", type=int, default=GPU_SWEEP_DRAWS)
+    ap.add_argument("--draws", type=int, default=6)
     ap.add_argument("--skip", default="", help="presets | sweep")
 
 
 def preset_row(preset, mode):
-    from zeromismatch.generator import SamplingParams
-    from zeromismatch.models.qwen3_5 import build_model
-    from zeromismatch.parity import check_parity, random_prompts
-
     model = build_model(preset, mode, seed=1).to(device=DEV, dtype=torch.bfloat16)
     prompts = random_prompts(16, model.config.vocab_size, seed=0, min_len=3, max_len=150)
     params = [SamplingParams(max_new_tokens=20 + 7 * i % 50, seed=i) for i in range(16)]
@@ -55,8 +51,9 @@ def run(args, name, keys, fn):
 
 def sweep_row(key):
     draw, mode = key.rsplit(":", 1)
-    cfg, work = sweep_draw(int(draw))
-    res = gpu_sweep_check(cfg, work, mode)
+    cfg, work = sweep.draw(int(draw))
+    model = build_model(cfg, mode, seed=1).to(device=DEV, dtype=torch.bfloat16).eval()
+    res = check_parity(model, work["prompts"], work["params"], **sweep.engine_schedule(work))
     return dict(res.stats, config=repr(cfg), prompt_lengths=[len(p) for p in work["prompts"]], bitwise=res.bitwise)
 
 

@@ -1,10 +1,11 @@
 from .checkpoint import CheckpointError, load_checkpoint, load_state_dict_from_dir, save_checkpoint
-from .config import PRESETS, Qwen35Config, get_preset
+from .config import PRESETS, ConfigError, Qwen35Config, get_preset
 from .model import Qwen35ForCausalLM
 
 __all__ = [
     "PRESETS",
     "CheckpointError",
+    "ConfigError",
     "Qwen35Config",
     "Qwen35ForCausalLM",
     "build_model",

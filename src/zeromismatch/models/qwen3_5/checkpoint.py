@@ -91,7 +91,7 @@ def load_checkpoint(
     config_file = path / CONFIG_NAME
     if not config_file.is_file():
         raise FileNotFoundError(f"no {CONFIG_NAME} in checkpoint directory {path}")
-    cfg = Qwen35Config.from_hf_dict(json.loads(config_file.read_text()))
+    cfg = Qwen35Config.from_hf_dict(json.loads(config_file.read_text()), source=str(config_file))
     with torch.device("meta"):
         model = Qwen35ForCausalLM(cfg, numerics)
     load_state_dict_from_dir(model, path, device=device, dtype=dtype)

@@ -1,10 +1,60 @@
 """Qwen3.5 hybrid configuration and presets. Field names follow the published config.json (text part), so a
-checkpoint's config loads as is."""
+checkpoint's config loads as is.
+
+Loading a config.json reads every key: a key is a Qwen35Config field, a key whose value must be the one this
+model implements (REQUIRED_VALUES), or a key that does not change the text model's forward (IGNORED_KEYS).
+Anything else, or a required key with another value, fails with one line naming the file, the key, its value
+and what is supported, rather than building a different model than the checkpoint describes.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+
+# key -> the values this model implements (the published Qwen3.5 configs carry exactly these)
+REQUIRED_VALUES: dict[str, tuple] = {
+    "hidden_act": ("silu",),
+    "attention_bias": (False,),  # q/k/v/o projections have no bias
+    "attention_dropout": (0, 0.0),
+    "attn_output_gate": (True,),  # q_proj gives [query | gate]; the output is gated by sigmoid(gate)
+    "mlp_only_layers": ([],),  # an MoE model is MoE in every layer
+    "decoder_sparse_step": (1,),
+    "norm_topk_prob": (True,),  # top-k router weights are renormalized
+    "output_router_logits": (False,),  # no load-balancing loss in the trainer
+    "mamba_ssm_dtype": ("float32",),  # the GDN state is always fp32
+}
+# key -> why it does not change the text model's forward
+IGNORED_KEYS: dict[str, str] = {
+    "architectures": "names the transformers class",
+    "transformers_version": "written by transformers",
+    "dtype": "storage dtype: loading keeps the stored dtype or casts on request",
+    "torch_dtype": "storage dtype: loading keeps the stored dtype or casts on request",
+    "bos_token_id": "a tokenizer setting",
+    "max_position_embeddings": "RoPE here has no length limit",
+    "initializer_range": "random initialization only",
+    "use_cache": "a transformers generation setting",
+    "router_aux_loss_coef": "the load-balancing loss, used only with output_router_logits",
+    "full_attention_interval": "layer_types says the layout (derived from this key when absent)",
+    "mtp_num_hidden_layers": "the multi-token-prediction head is not loaded",
+    "mtp_use_dedicated_embeddings": "the multi-token-prediction head is not loaded",
+}
+# keys of the multimodal outer object (Qwen3_5ForConditionalGeneration) beside text_config: the vision tower
+# is not loaded
+MULTIMODAL_KEYS = frozenset({
+    "text_config", "vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
+    "vision_end_token_id", "language_model_only", "tie_word_embeddings", "model_type", *IGNORED_KEYS,
+})
+MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe")
+ROPE_TYPES = ("default",)
+# rope_parameters keys besides rope_type, rope_theta and partial_rotary_factor: M-RoPE rotates text tokens by
+# one position on all three axes, which is plain RoPE
+ROPE_IGNORED = ("mrope_section", "mrope_interleaved")
+
+
+class ConfigError(ValueError):
+    """A config.json key this model does not implement (unknown, or a value other than the supported ones)."""
 
 
 @dataclass
@@ -46,10 +96,30 @@ class Qwen35Config:
         bad = set(self.layer_types) - {"linear_attention", "full_attention"}
         if bad:
             raise ValueError(f"unknown layer types {sorted(bad)}: use linear_attention / full_attention")
+        sizes = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                 "linear_value_head_dim", "linear_conv_kernel_dim"]
+        if self.is_moe:
+            sizes += ["moe_intermediate_size", "shared_expert_intermediate_size", "num_experts_per_tok"]
+        else:
+            sizes += ["intermediate_size"]
+        for name in sizes:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r}: supported: a positive integer")
+        if self.num_experts < 0 or (self.is_moe and self.num_experts_per_tok > self.num_experts):
+            raise ValueError(f"num_experts={self.num_experts}, num_experts_per_tok={self.num_experts_per_tok}: "
+                             "supported: 0 experts (dense) or 1 <= num_experts_per_tok <= num_experts")
         if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ValueError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+            raise ValueError(f"linear_num_value_heads={self.linear_num_value_heads}: must be a multiple of "
+                             f"linear_num_key_heads={self.linear_num_key_heads}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+            raise ValueError(f"num_attention_heads={self.num_attention_heads}: must be a multiple of "
+                             f"num_key_value_heads={self.num_key_value_heads}")
+        if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
+            raise ValueError(f"partial_rotary_factor={self.partial_rotary_factor} of head_dim={self.head_dim} gives "
+                             f"{self.rotary_dim} rotary dims: supported: an even number from 0 to head_dim "
+                             "(NeoX rotates two halves)")
 
     @property
     def is_moe(self) -> bool:
@@ -76,20 +146,79 @@ class Qwen35Config:
         return d
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "Qwen35Config":
-        top, d = d, dict(d.get("text_config", d))  # multimodal checkpoints nest the text config
-        if "text_config" in top and "tie_word_embeddings" in top:  # ...and tie the embeddings at the top level
-            d["tie_word_embeddings"] = top["tie_word_embeddings"]
-        rope = d.pop("rope_parameters", None) or d.pop("rope_scaling", None) or {}
-        if "rope_theta" in rope:
-            d.setdefault("rope_theta", rope["rope_theta"])
-        if "partial_rotary_factor" in rope:
-            d.setdefault("partial_rotary_factor", rope["partial_rotary_factor"])
+    def from_hf_dict(cls, d: dict, source: str = "config.json") -> "Qwen35Config":
+        """The text model of a config.json (flat, or multimodal with the text part under text_config). Raises
+        ConfigError naming `source`, every unsupported key and its value, and what is supported."""
+        problems: list[str] = []
+        text, where = d, ""
+        if "text_config" in d:  # the published multimodal layout
+            text, where = d["text_config"], "text_config."
+            problems += [_unknown(k, v) for k, v in d.items() if k not in MULTIMODAL_KEYS]
+            problems += _check_model_type(d)
+        text = dict(text)
+        if where and "tie_word_embeddings" in d:  # ...which ties the embeddings at the top level
+            if text.get("tie_word_embeddings", d["tie_word_embeddings"]) != d["tie_word_embeddings"]:
+                problems.append(f"tie_word_embeddings={_show(d['tie_word_embeddings'])} and "
+                                f"text_config.tie_word_embeddings={_show(text['tie_word_embeddings'])} disagree")
+            text["tie_word_embeddings"] = d["tie_word_embeddings"]
+        problems += _check_model_type(text, where)
+        for key in ("rope_parameters", "rope_scaling"):
+            rope = text.pop(key, None)
+            if rope is None:
+                continue
+            if not isinstance(rope, dict):
+                problems.append(f"{where}{key}={_show(rope)} (supported: an object with rope_type 'default')")
+                continue
+            for k, v in rope.items():
+                if k in ("rope_type", "type"):
+                    if v not in ROPE_TYPES:
+                        problems.append(f"{where}{key}.{k}={_show(v)} (supported: {_choices(ROPE_TYPES)})")
+                elif k in ("rope_theta", "partial_rotary_factor"):
+                    text.setdefault(k, v)
+                elif k not in ROPE_IGNORED:
+                    problems.append(_unknown(f"{where}{key}.{k}", v))
+        if text.get("layer_types") is None and "full_attention_interval" in text:
+            interval, n = text["full_attention_interval"], text.get("num_hidden_layers", cls.num_hidden_layers)
+            if isinstance(interval, int) and interval >= 1 and isinstance(n, int):
+                text["layer_types"] = [
+                    "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
+                ]
+            else:
+                problems.append(f"{where}full_attention_interval={_show(interval)} (supported: a positive integer)")
         names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in d.items() if k in names}
+        for k, v in text.items():
+            if k in REQUIRED_VALUES and v not in REQUIRED_VALUES[k]:
+                problems.append(f"{where}{k}={_show(v)} (supported: {_choices(REQUIRED_VALUES[k])})")
+            elif k not in names and k not in REQUIRED_VALUES and k not in IGNORED_KEYS and k != "model_type":
+                problems.append(_unknown(where + k, v))
+        if problems:
+            raise ConfigError(f"{source}: unsupported config: " + "; ".join(problems))
+        kwargs = {k: v for k, v in text.items() if k in names}
         if isinstance(kwargs.get("eos_token_id"), list):
             kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{source}: unsupported config: {e}") from None
+
+
+def _show(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _choices(values) -> str:
+    return " or ".join(_show(v) for v in values)
+
+
+def _unknown(key: str, value) -> str:
+    return f"{key}={_show(value)} (unknown key: not read by this loader)"
+
+
+def _check_model_type(d: dict, where: str = "") -> list[str]:
+    if "model_type" in d and d["model_type"] not in MODEL_TYPES:
+        return [f"{where}model_type={_show(d['model_type'])} (supported: {_choices(MODEL_TYPES)})"]
+    return []
 
 
 def _tiny(**kw) -> Qwen35Config:

@@ -46,14 +46,15 @@ def prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torc
 
 def recurrent_step(state, q, k, v, g, beta):
     """One token for a batch of (sequence, head) rows. state [B, HV, K, V]; q, k [B, HV, K]; v [B, HV, V];
-    g, beta [B, HV]. Returns (o [B, HV, V], new state). Elementwise ops and per-row matmuls of fixed shape
-    ([1, K] @ [K, V], rank-1 update): a row's result never depends on the other rows or the thread count
-    (tests/ops/test_gdn.py), and the matmul form is ~3x faster than multiply-and-sum on our CPU."""
+    g, beta [B, HV]. Returns (o [B, HV, V], new state). Per-row matmuls of fixed shape ([1, K] @ [K, V]) and
+    elementwise ops: a row's result never depends on the other rows or the thread count (tests/ops/test_gdn.py,
+    tests/parity/test_sweep.py); the matmul form is ~3x faster than multiply-and-sum on our CPU. The rank-1
+    update is a separate multiply and add: torch's baddbmm computes it differently for a batch of one matrix
+    (one sequence with one value head) than for several."""
     state = state * torch.exp(g)[..., None, None]
     kv_mem = (k[..., None, :] @ state).squeeze(-2)
     delta = (v - kv_mem) * beta[..., None]
-    flat = torch.baddbmm(state.flatten(0, 1), k.flatten(0, 1)[..., :, None], delta.flatten(0, 1)[..., None, :])
-    state = flat.view_as(state)
+    state = state + k[..., :, None] * delta[..., None, :]
     return (q[..., None, :] @ state).squeeze(-2), state
 
 
