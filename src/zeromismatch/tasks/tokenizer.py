@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
@@ -102,6 +101,10 @@ def _with_markup(texts: Iterable[str]):
 
 def load_tokenizer(path: str | os.PathLike):
     """A tokenizer from a local directory (ours, or a real Qwen3.5 checkpoint); never the hub."""
+    # a required dependency, imported here because it costs ~0.6 s: the math-verify worker process imports
+    # this package at every (re)start and has a few seconds per call
+    from transformers import AutoTokenizer
+
     if not Path(path, "tokenizer.json").is_file() and not Path(path, "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json / tokenizer_config.json in this directory")
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
