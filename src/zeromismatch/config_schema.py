@@ -378,19 +378,15 @@ def hydra_error_line(ex: BaseException) -> str:
         text = f"unknown key\n{text}" if "is not in struct" in first else f"{text}\n{first}"
     if key:
         text = f"{key}: {text}"
-    parts: list[str] = []
+    parts: list[list[str]] = []  # [line, option, option, ...]: Hydra lists a group's options one per tab-indented line
     for raw in text.splitlines():
         line = raw.strip()
         if line.startswith("Config search path"):
             break
         if not line or line.startswith(("full_key:", "object_type=", "reference_type=", "See https://")):
             continue
-        if raw.startswith("\t") and parts and parts[-1].endswith((":", ",")):
-            parts[-1] += (" " if parts[-1].endswith(":") else " ") + line + ","
-            continue
-        if parts and parts[-1].endswith(","):
-            parts[-1] = parts[-1][:-1]
-        parts.append(line.removeprefix("In 'config': "))
-    if parts and parts[-1].endswith(","):
-        parts[-1] = parts[-1][:-1]
-    return "; ".join(p.rstrip(".") for p in parts)
+        if raw.startswith("\t") and parts and parts[-1][0].endswith(":"):
+            parts[-1].append(line)
+        else:
+            parts.append([line.removeprefix("In 'config': ").rstrip(".")])
+    return "; ".join(p[0] + (" " + ", ".join(p[1:]) if len(p) > 1 else "") for p in parts)
