@@ -7,31 +7,71 @@
 
 Jobs: zeromismatch.jobs.JOBS. Config: conf/config.yaml. Hydra writes its logs under outputs/; metrics go to
 cfg.logging.run_dir (JSONL + offline W&B).
+
+The composed config is checked before any work (zeromismatch/config_schema.py): an unknown key, a wrong type,
+an out-of-range value, or an experiment this machine cannot run stops the run with one line
+``error: <key>=<value>: expected <what is allowed> (<yaml file>)`` and exit status 2. So do Hydra's own
+composition errors and faulty input files (zeromismatch.errors.UserError: the file and the line).
+Debug flag: ``HYDRA_FULL_ERROR=1 python run.py ...`` shows the full traceback of every error instead.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
+from zeromismatch.config_schema import check_config, hydra_error_line, resolve_config
+from zeromismatch.errors import UserError
 from zeromismatch.jobs import JobError, get_job
+
+DEBUG = os.environ.get("HYDRA_FULL_ERROR") == "1"
+_job_started = False  # Hydra errors after this point come from a job, not from composing the config
+
+
+def _user_error(e: BaseException) -> UserError | None:
+    """The UserError behind ``e``, also when a worker thread's failure wraps it."""
+    while e is not None and not isinstance(e, UserError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def _exit_with(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
-    OmegaConf.resolve(cfg)  # one value for ${now:...} etc. everywhere in this run
+    global _job_started
+    _job_started = True
     try:
+        resolve_config(cfg)  # one value for ${now:...} etc. everywhere in this run
         job = get_job(cfg.job.name)
+        check_config(cfg, HydraConfig.get().runtime.choices)
+        result = job(cfg)
     except JobError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    result = job(cfg)
+        _exit_with(str(e))
+    except Exception as e:
+        user_error = _user_error(e)
+        if DEBUG or user_error is None:
+            raise
+        _exit_with(str(user_error))
     if not isinstance(result, dict):
         raise TypeError(f"job {cfg.job.name!r} returned {type(result).__name__}, expected a dict")
     return result
 
 
 if __name__ == "__main__":
-    main()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its composition errors here instead of printing them
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as e:
+        if DEBUG or _job_started:
+            raise
+        _exit_with(hydra_error_line(e))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from ..errors import InputFileError, parse_json
 from ..tasks.base import cycle_shuffled
 from ..tasks.math.prompts import render_prompt
 
@@ -19,9 +19,9 @@ def load_sft_records(path: str | Path, levels: list[int] | None = None) -> list[
         for i, line in enumerate(f):
             if not line.strip():
                 continue
-            r = json.loads(line)
-            if not isinstance(r.get("prompt"), str) or not isinstance(r.get("response"), str):
-                raise ValueError(f"{path}, line {i + 1}: needs string 'prompt' and 'response'")
+            r = parse_json(line, path, i + 1)
+            if not isinstance(r, dict) or not isinstance(r.get("prompt"), str) or not isinstance(r.get("response"), str):
+                raise InputFileError(f"{path}:{i + 1}: needs a JSON object with string 'prompt' and 'response'")
             if levels is None or r.get("level") in levels:
                 records.append(r)
     if not records:

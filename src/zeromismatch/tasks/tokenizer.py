@@ -101,6 +101,8 @@ def _with_markup(texts: Iterable[str]):
 
 def load_tokenizer(path: str | os.PathLike):
     """A tokenizer from a local directory (ours, or a real Qwen3.5 checkpoint); never the hub."""
+    # a required dependency, imported here because it costs ~0.6 s: the math-verify worker process imports
+    # this package at every (re)start and has a few seconds per call
     from transformers import AutoTokenizer
 
     if not Path(path, "tokenizer.json").is_file() and not Path(path, "tokenizer_config.json").is_file():

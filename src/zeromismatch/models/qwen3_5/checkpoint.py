@@ -21,6 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ...errors import InputFileError, MissingFileError, read_json
 from .config import Qwen35Config
 from .model import Qwen35ForCausalLM
 
@@ -90,8 +91,8 @@ def load_checkpoint(
     path = _checkpoint_dir(path)
     config_file = path / CONFIG_NAME
     if not config_file.is_file():
-        raise FileNotFoundError(f"no {CONFIG_NAME} in checkpoint directory {path}")
-    cfg = Qwen35Config.from_hf_dict(json.loads(config_file.read_text()), source=str(config_file))
+        raise MissingFileError(f"no {CONFIG_NAME} in checkpoint directory {path}")
+    cfg = Qwen35Config.from_hf_dict(read_json(config_file, "a model config object"), source=str(config_file))
     with torch.device("meta"):
         model = Qwen35ForCausalLM(cfg, numerics)
     load_state_dict_from_dir(model, path, device=device, dtype=dtype)
@@ -162,7 +163,7 @@ def load_state_dict_from_dir(
 def _checkpoint_dir(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+        raise MissingFileError(f"checkpoint directory {path} does not exist")
     return path
 
 
@@ -170,7 +171,10 @@ def _tensor_files(path: Path) -> dict[str, str]:
     """Tensor name -> file name, read from the files' headers (the index only says which files to read)."""
     index = path / INDEX_NAME
     if index.is_file():
-        file_names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index, "a safetensors index object").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise InputFileError(f"{index}: no weight_map object (tensor name -> file name)")
+        file_names = sorted(set(weight_map.values()))
     elif (path / SINGLE_FILE_NAME).is_file():
         file_names = [SINGLE_FILE_NAME]
     else:

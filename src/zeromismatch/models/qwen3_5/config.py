@@ -13,6 +13,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from ...errors import ConfigError  # a config.json key this model does not implement
+
 # key -> the values this model implements (the published Qwen3.5 configs carry exactly these)
 REQUIRED_VALUES: dict[str, tuple] = {
     "hidden_act": ("silu",),
@@ -51,10 +53,6 @@ ROPE_TYPES = ("default",)
 # rope_parameters keys besides rope_type, rope_theta and partial_rotary_factor: M-RoPE rotates text tokens by
 # one position on all three axes, which is plain RoPE
 ROPE_IGNORED = ("mrope_section", "mrope_interleaved")
-
-
-class ConfigError(ValueError):
-    """A config.json key this model does not implement (unknown, or a value other than the supported ones)."""
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Any
 
 import datasets
 
+from zeromismatch.errors import InputFileError, MissingFileError, parse_json
 from zeromismatch.tasks.math.prompts import strip_dapo_template
 
 DAPO_HUB_NAME = "BytedTsinghua-SIA/DAPO-Math-17k"
@@ -122,16 +123,28 @@ def _load_raw(source, split: str, load_kwargs: dict):
         # not a hub lookup that fails later with a network error.
         text = str(source)
         if text.endswith(tuple(_FILE_BUILDERS)) or text.startswith(("/", "./", "../", "~")):
-            raise FileNotFoundError(f"{source}: no such file or directory")
+            raise MissingFileError(f"file not found: {source}")
         return datasets.load_dataset(str(source), split=split, **load_kwargs), str(source)
 
     files = _data_files(path, split)
     kinds = {_FILE_BUILDERS[f.suffix] for f in files}
     if len(kinds) > 1:
         raise ValueError(f"{path}: mixes parquet and json files; keep one format per directory")
+    for f in files:
+        if f.suffix == ".jsonl":
+            check_jsonl(f)
     data_files = [str(f) for f in files]
     ds = datasets.load_dataset(kinds.pop(), data_files=data_files, split="train", **load_kwargs)
     return ds, str(path)
+
+
+def check_jsonl(path: Path) -> None:
+    """Every non-blank line of ``path`` is a JSON object; else InputFileError naming the file and the line
+    (datasets' own error names neither)."""
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, start=1):
+            if line.strip() and not isinstance(parse_json(line, path, i), dict):
+                raise InputFileError(f"{path}:{i}: expected a JSON object per line")
 
 
 def _data_files(path: Path, split: str) -> list[Path]:

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 import zeromismatch.tasks.math.offline as offline_module
 from zeromismatch.config import cfg_get, to_plain
+from zeromismatch.errors import InputFileError, MissingFileError, parse_json, read_json
 from zeromismatch.models.qwen3_5 import get_preset
 from zeromismatch.tasks.base import PromptItem, Task, cycle_shuffled, locked
 from zeromismatch.tasks.math.data import load_aime2025, load_dapo_math
@@ -42,6 +43,7 @@ from zeromismatch.tasks.math.reward import MathVerifier
 from zeromismatch.tasks.tokenizer import ENDOFTEXT, IM_END, MAX_TINY_VOCAB, load_tokenizer, train_tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+OFFLINE_FILES = {"train": "train.parquet", "eval": "heldout.parquet", "sft": "sft.jsonl"}  # write_offline_math's
 _TOKENIZER_CACHE_VERSION = 1  # bump when train_tokenizer's output changes for the same corpus
 
 
@@ -52,22 +54,22 @@ def offline_paths(cfg_task: Any) -> dict[str, Path]:
     """The offline files the config names: train / eval parquet and the SFT jsonl."""
     off = cfg_get(cfg_task, "offline")
     root = Path(cfg_get(off, "dir", "data/offline_math"))
-    return {
-        "train": Path(cfg_get(off, "train", root / "train.parquet")),
-        "eval": Path(cfg_get(off, "eval", root / "heldout.parquet")),
-        "sft": Path(cfg_get(off, "sft", root / "sft.jsonl")),
-    }
+    return {key: Path(cfg_get(off, key, root / name)) for key, name in OFFLINE_FILES.items()}
 
 
 def ensure_offline_math(cfg_task: Any) -> dict[str, Path]:
     """Write the offline data set (``write_offline_math(offline.dir, n_train, seed)``) unless the files
     cfg.task.offline names exist for the same (n_train, seed, offline.py source); return those paths.
     Files appear atomically and once across processes (a lock), so parallel runs never read a
-    half-written file."""
+    half-written file. A named file that does not exist and is not one write_offline_math writes fails first
+    (MissingFileError naming the task.offline key)."""
     off = cfg_get(cfg_task, "offline")
     root = Path(cfg_get(off, "dir", "data/offline_math"))
     n_train, seed = int(cfg_get(off, "n_train", 20000)), int(cfg_get(off, "seed", 0))
     paths = offline_paths(cfg_task)
+    for key, path in paths.items():
+        if not path.is_file() and path.resolve() != (root / OFFLINE_FILES[key]).resolve():
+            raise MissingFileError(f"file not found: {path} (task.offline.{key})")
     # the generator's source is part of what the files depend on: an edit to offline.py rewrites them
     meta = {"n_train": n_train, "seed": seed, "generator_sha256": _generator_sha()}
 
@@ -76,7 +78,7 @@ def ensure_offline_math(cfg_task: Any) -> dict[str, Path]:
             return False
         meta_file = root / "meta.json"
         # No meta.json: written by hand (write_offline_math); trust it.
-        return not meta_file.is_file() or json.loads(meta_file.read_text()) == meta
+        return not meta_file.is_file() or parse_json(meta_file.read_text(), meta_file) == meta
 
     if ready():
         return paths
@@ -92,12 +94,6 @@ def ensure_offline_math(cfg_task: Any) -> dict[str, Path]:
         for f in written.values():
             os.replace(f, root / f.name)  # atomic per file: readers see a whole file or none
         shutil.rmtree(tmp, ignore_errors=True)
-    missing = [str(p) for p in paths.values() if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"task.offline names {missing}, which write_offline_math({root}) does not write; "
-            "point task.offline.train/eval/sft inside task.offline.dir"
-        )
     return paths
 
 
@@ -245,11 +241,11 @@ def model_vocab_size(cfg: Any) -> int:
     model = cfg_get(cfg, "model")
     ckpt = cfg_get(model, "checkpoint")
     if ckpt:
-        config = Path(ckpt, "config.json")
-        if not config.is_file():
-            raise FileNotFoundError(f"model.checkpoint={ckpt}: no config.json")
-        d = json.loads(config.read_text())
-        return int(d.get("text_config", d)["vocab_size"])
+        d = read_json(Path(ckpt, "config.json"), "the model config of model.checkpoint")
+        text = d.get("text_config", d)
+        if not isinstance(text, dict) or not isinstance(text.get("vocab_size"), int):
+            raise InputFileError(f"{Path(ckpt, 'config.json')}: no integer vocab_size")
+        return text["vocab_size"]
     return int(get_preset(cfg_get(model, "preset"), **(to_plain(cfg_get(model, "overrides", {})) or {})).vocab_size)
 
 

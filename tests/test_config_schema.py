@@ -1,0 +1,198 @@
+"""The config schema (zeromismatch/config_schema.py): every config in conf/ validates; a bad key, type or value,
+or an experiment this machine cannot run, fails with one line naming the key, the value and what is allowed;
+run.py says so in seconds, exit status 2, before it writes any data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+
+from zeromismatch.config_schema import GENERATOR, JOB, TASK, check_config, check_runnable, hydra_error_line, resolve_config, validate_config
+from zeromismatch.errors import ConfigError, MissingFileError
+from zeromismatch.jobs import JOBS
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+EXPS = sorted(p.stem for p in (CONF / "exp").glob("*.yaml"))
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("exp", "recipe"))
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    resolve_config(cfg)
+    return cfg
+
+
+def _error(*overrides: str, cuda_available: bool = False) -> str:
+    with pytest.raises(ConfigError) as e:
+        check_config(_compose(*overrides), cuda_available=cuda_available)
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+# ---------------------------------------------------------------------------------- every config validates
+
+
+def test_variant_groups_cover_their_yaml_files():
+    assert set(JOB) == set(JOBS) == {p.stem for p in (CONF / "job").glob("*.yaml")}
+    assert set(TASK) == {p.stem for p in (CONF / "task").glob("*.yaml")}
+    assert set(GENERATOR) == {p.stem for p in (CONF / "generator").glob("*.yaml")}
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_group_option_validates(group):
+    for option in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
+        validate_config(_compose(f"{group}={option}"))  # also: no key of the yaml is missing from the schema
+
+
+def test_default_config_runs_here():
+    check_config(_compose(), cuda_available=False)
+
+
+@pytest.mark.parametrize("exp", EXPS)
+def test_every_experiment_validates(exp, tmp_path):
+    cfg = _compose(f"+exp={exp}")
+    validate_config(cfg)
+    if exp.startswith("tiny_"):
+        check_runnable(cfg, cuda_available=False)
+    elif exp.startswith(("search_", "agent_")):
+        task = cfg.task.name
+        for cuda in (False, True):
+            with pytest.raises(ConfigError, match=rf"^task={task} is not implemented yet: conf/task/{task}.yaml"):
+                check_runnable(cfg, cuda_available=cuda)
+    else:  # the published-size math runs: a GPU and local weights
+        with pytest.raises(ConfigError, match=rf"^device=cuda: this machine has no CUDA device .* model={cfg.model.preset} needs a GPU"):
+            check_runnable(cfg, cuda_available=False)
+        with pytest.raises(ConfigError, match=rf"^model={cfg.model.preset} has no weights: set model.checkpoint="):
+            check_runnable(cfg, cuda_available=True)
+        check_runnable(_compose(f"+exp={exp}", f"model.checkpoint={tmp_path}"), cuda_available=True)
+
+
+def test_sweep_values_validate_one_by_one():
+    for offpolicy in (0, 4, 32):
+        validate_config(_compose("+exp=tiny_math_op4_bi", f"rl.offpolicy={offpolicy}"))
+
+
+# ----------------------------------------------------------------------------------------- the messages
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rl.steps=abc", "rl.steps='abc': expected an integer >= 1 (conf/rl/default.yaml)"),
+        ("rl.offpolicy=-3", "rl.offpolicy=-3: expected an integer >= 0 (conf/rl/default.yaml)"),
+        ("rl.steps=true", "rl.steps=True: expected an integer >= 1 (conf/rl/default.yaml)"),
+        ("rl.temperature=-1.5", "rl.temperature=-1.5: expected a number >= 0 (conf/rl/default.yaml)"),
+        ("rl.loss=ppo", "rl.loss='ppo': expected one of dapo, grpo, dppo (conf/rl/default.yaml)"),
+        ("rl.icepop=[5.0,0.5]", "rl.icepop=[5.0, 0.5]: expected null or [low, high] with 0 <= low <= high (conf/rl/default.yaml)"),
+        ("trainer.lr=0", "trainer.lr=0: expected a number > 0 (conf/trainer/default.yaml)"),
+        ("trainer.betas=[0.9]", "trainer.betas=[0.9]: expected a list of 2 of number >= 0 and < 1 (conf/trainer/default.yaml)"),
+        ("numerics.gemm_policy=fast", "numerics.gemm_policy='fast': expected one of fixed, adaptive, hybrid (conf/numerics/bi.yaml)"),
+        ("task.offline.levels=[7]", "task.offline.levels=[7]: expected a list of integer >= 1 and <= 4 or null (conf/task/math.yaml)"),
+        ("device=gpu", "device='gpu': expected cpu, cuda or cuda:<index> (conf/config.yaml)"),
+        ("seed=-1", "seed=-1: expected an integer >= 0 (conf/config.yaml)"),
+        ("logging.wandb.mode=cloud", "logging.wandb.mode='cloud': expected one of auto, offline, online, disabled (conf/logging/default.yaml)"),
+    ],
+)
+def test_bad_value_names_key_value_and_what_is_allowed(override, message):
+    assert _error(override) == message
+
+
+def test_job_keys_are_checked_per_job():
+    assert _error("job=smoke", "job.steps=0") == "job.steps=0: expected an integer >= 1 (conf/job/smoke.yaml)"
+    assert _error("job=plot", "job.figures=[reward,loss]").startswith(
+        "job.figures=['reward', 'loss']: expected one of all, or a list of one of reward, validation, mismatch, cost"
+    )
+
+
+def test_unknown_key_is_named_with_a_suggestion():
+    message = _error("+rl.stpes=3")
+    assert message.startswith("rl.stpes: unknown key; did you mean rl.steps? rl takes offpolicy, ")
+    assert message.endswith("(conf/rl/default.yaml)")
+    assert _error("+colour=red") == "colour: unknown top-level key (conf/config.yaml)"
+    assert _error("+model.overrides.hidden_sz=3").startswith(
+        "model.overrides={'hidden_sz': 3}: expected a mapping of Qwen35Config fields"
+    )
+
+
+def test_removed_key_is_missing():
+    assert _error("~rl.swap_policy") == "rl.swap_policy: missing; expected one of keep, recompute (conf/rl/default.yaml)"
+
+
+def test_what_this_machine_cannot_run():
+    cuda = _error("device=cuda")
+    assert cuda.startswith("device=cuda: this machine has no CUDA device (torch ") and cuda.endswith("; use device=cpu")
+    assert _error("model=qwen3_5_9b") == "model=qwen3_5_9b needs a GPU (device=cuda); on this CPU use model=tiny, tiny_moe or qwen3_5_mid"
+    assert _error("generator=vllm") == "generator=vllm is not implemented yet (conf/generator/vllm.yaml); use generator=embedded"
+    assert _error("task=search").startswith("task=search is not implemented yet")
+    check_config(_compose("task=search", "job=smoke"), cuda_available=False)  # smoke reads no task
+    with pytest.raises(MissingFileError, match=r"^file not found: /no/such/dir \(model.checkpoint"):
+        check_config(_compose("model.checkpoint=/no/such/dir"), cuda_available=False)
+
+
+def test_interpolation_error_names_the_key():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["rl.steps=${oops}"])
+    with pytest.raises(ConfigError, match=r"^rl.steps: Interpolation key 'oops' not found$"):
+        resolve_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rl.foo=1", "rl.foo: unknown key; Could not override 'rl.foo'; To append to your config use +rl.foo=1"),
+        ("job=nope", "Could not find 'job/nope'; Available options in 'job': bench, eval, parity, plot, rl, sft, smoke"),
+        ("rl.steps=[", "no viable alternative at input '['"),
+    ],
+)
+def test_hydra_errors_as_one_line(override, message):
+    with pytest.raises(HydraException) as e:
+        _compose(override)
+    assert hydra_error_line(e.value) == message
+
+
+# ------------------------------------------------------------------------------------------- run.py
+
+
+def _run(cwd: Path, *args: str, debug: bool = False) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    if debug:
+        env["HYDRA_FULL_ERROR"] = "1"  # run.py's debug flag
+    cmd = [sys.executable, str(ROOT / "run.py"), *args, f"hydra.run.dir={cwd / 'hydra'}"]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return r, time.perf_counter() - t0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["rl.steps=abc"], "error: rl.steps='abc': expected an integer >= 1 (conf/rl/default.yaml)"),
+        (["rl.offpolicy=-3"], "error: rl.offpolicy=-3: expected an integer >= 0 (conf/rl/default.yaml)"),
+        (["+exp=search_op4_bi"], "error: task=search is not implemented yet: conf/task/search.yaml records the published recipe only"),
+        (["rl.foo=1"], "error: rl.foo: unknown key; Could not override 'rl.foo'; To append to your config use +rl.foo=1"),
+    ],
+)
+def test_run_py_fails_fast_with_one_line_and_builds_nothing(tmp_path, args, message):
+    r, seconds = _run(tmp_path, *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith(message) and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    assert not any((tmp_path / d).exists() for d in ("data", ".cache", "runs")), sorted(os.listdir(tmp_path))
+    assert seconds < 60, seconds  # import + compose + check: a few seconds on an idle machine
+
+
+def test_run_py_debug_flag_shows_the_traceback(tmp_path):
+    r, _ = _run(tmp_path, "rl.steps=abc", debug=True)
+    assert r.returncode != 0 and "Traceback" in r.stderr
+    assert "zeromismatch.errors.ConfigError: rl.steps='abc': expected an integer >= 1" in r.stderr
