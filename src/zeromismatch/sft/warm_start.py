@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -114,7 +113,8 @@ def _publish(out: Path, write: Callable[[Path], None]) -> None:
     ``out``'s lock; temporary directories of ``out`` left by killed writers are removed first."""
     for stale in out.parent.glob(f".{out.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp.mkdir()
     try:
         write(tmp)
         for f in tmp.iterdir():
