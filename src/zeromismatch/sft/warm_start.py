@@ -213,7 +213,7 @@ def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | Non
         )
     print(
         f"SFT done: {stats['steps']} steps in {stats['train_seconds']:.0f} s train / "
-        f"{summary['total_seconds']:.0f} s total, {stats['threads']} threads; loss {stats['loss_first']:.3f} -> "
+        f"{summary['total_seconds']:.0f} s total, {stats['threads']} thread(s); loss {stats['loss_first']:.3f} -> "
         f"{stats['loss_last10']:.3f}; train reward (T={s.train_reward_temperature}, {tr['n']} prompts) "
         f"{tr['accuracy']:.3f}; held-out greedy {ho['accuracy']:.3f} ({ho['n']}); saved {out}",
         flush=True,
