@@ -64,7 +64,7 @@ def test_sft_trains_and_stores(first, tmp):
     for f in ("config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "summary.json"):
         assert (first.path / f).is_file(), f
     s = first.summary
-    assert s["train"]["steps"] == SFT_KNOBS["steps"] and s["train"]["stopped_by"] == "steps"
+    assert s["train"]["steps"] == SFT_KNOBS["steps"] and s["train"]["threads"] == 1
     assert s["key"]["hparams"]["steps"] == SFT_KNOBS["steps"]
     for part, n in (("train_reward", SFT_KNOBS["train_reward_prompts"]), ("heldout", 30)):
         m = s["measured"][part]

@@ -13,7 +13,8 @@ from ..config import CONF_DIR
 @dataclass
 class SFTSettings:
     """The SFT job's knobs (conf/job/sft.yaml), as plain values. Those in ``KEY_FIELDS`` shape the weights
-    and so make the cache key."""
+    and so make the cache key; ``threads`` is one of them because the CPU kernels split their sums by thread
+    count, so 1 and 2 threads train different bits."""
 
     steps: int = 300
     batch_size: int = 32
@@ -21,14 +22,15 @@ class SFTSettings:
     lr: float = 3e-3
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1
-    time_budget_s: float | None = None
     levels: list[int] | None = None
     seed: int = 0
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
     grad_clip: float | None = 1.0
-    # not in the key: measurement and bookkeeping
+    threads: int = 1
+    # not in the key: a guard, measurement and bookkeeping
+    time_limit_s: float | None = None
     eval_every: int = 0
     train_reward_prompts: int = 64
     train_reward_temperature: float = 1.0
@@ -38,8 +40,8 @@ class SFTSettings:
     extra: dict = field(default_factory=dict)
 
     KEY_FIELDS = (
-        "steps", "batch_size", "max_seq_len", "lr", "warmup_steps", "min_lr_ratio", "time_budget_s",
-        "levels", "seed", "betas", "eps", "weight_decay", "grad_clip",
+        "steps", "batch_size", "max_seq_len", "lr", "warmup_steps", "min_lr_ratio", "levels", "seed",
+        "betas", "eps", "weight_decay", "grad_clip", "threads",
     )  # fmt: skip
 
     def key(self) -> dict:
@@ -65,7 +67,7 @@ def settings_from_cfg(cfg) -> SFTSettings:
     """SFTSettings from cfg.job (an SFT job config, see ``sft_job_config``) and cfg.trainer."""
     job, tr = cfg.job, cfg.trainer
     names = {f.name for f in fields(SFTSettings)} - {"betas", "eps", "weight_decay", "grad_clip", "extra"}
-    kw = {n: job.get(n) for n in names if job.get(n) is not None or n in ("time_budget_s", "levels")}
+    kw = {n: job.get(n) for n in names if job.get(n) is not None or n in ("time_limit_s", "levels")}
     kw = {k: (OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v) for k, v in kw.items()}
     if kw.get("levels") is not None:
         kw["levels"] = sorted(int(x) for x in kw["levels"])

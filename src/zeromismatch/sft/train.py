@@ -1,7 +1,10 @@
-"""The SFT training loop: mean NLL of the solution tokens, AdamW, warm-up then cosine decay."""
+"""The SFT training loop: mean NLL of the solution tokens, AdamW, warm-up then cosine decay over a fixed number
+of steps, on a pinned number of threads: what is trained depends on the settings only, never on how long a
+step takes."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any, Callable
@@ -14,12 +17,29 @@ from .data import SFTBatches
 from .settings import SFTSettings
 
 
-def lr_factor(step: int, progress: float, s: SFTSettings) -> float:
-    """Linear warm-up over warmup_steps, then cosine from 1 to min_lr_ratio over progress in [0, 1]."""
+class SFTTimeLimitError(RuntimeError):
+    """Training ran past job.time_limit_s (a guard; the steps decide what is trained, so nothing is cached)."""
+
+
+def lr_factor(step: int, s: SFTSettings) -> float:
+    """Linear warm-up over warmup_steps, then cosine from 1 to min_lr_ratio over the remaining steps."""
     if s.warmup_steps and step < s.warmup_steps:
         return (step + 1) / s.warmup_steps
-    p = min(max(progress, 0.0), 1.0)
+    p = min(step / s.steps, 1.0)
     return s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p))
+
+
+@contextlib.contextmanager
+def pinned_threads(n: int):
+    """torch (and its BLAS) on ``n`` intra-op threads for the block, the caller's count afterwards. The CPU
+    kernels split reductions by thread count, so the count is part of what the weights are; pinning it keeps
+    OMP_NUM_THREADS and the number of cores out of the result."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def train_sft(
@@ -29,25 +49,30 @@ def train_sft(
     log_fn: Callable[[dict, int], None] | None = None,
     eval_fn: Callable[[Any], dict] | None = None,
 ) -> dict:
-    """Train ``model`` in place until s.steps or s.time_budget_s (training seconds: time spent in
-    ``eval_fn(model)``, called every s.eval_every steps, does not count). Progress for the lr schedule is
-    max(step / steps, seconds / time_budget_s), so the schedule completes whichever budget ends the run.
-    Returns stats."""
+    """Train ``model`` in place for s.steps steps on s.threads threads (``eval_fn(model)`` every s.eval_every
+    steps). s.time_limit_s, when set, is a guard on training seconds (evals excluded): passing it raises
+    SFTTimeLimitError, since a shortened run is not the model these settings mean. Returns stats."""
+    with pinned_threads(s.threads):
+        return _train(model, batches, s, log_fn, eval_fn)
+
+
+def _train(model, batches: SFTBatches, s: SFTSettings, log_fn, eval_fn) -> dict:
     device = next(model.parameters()).device
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=tuple(s.betas), eps=s.eps, weight_decay=s.weight_decay)
     max_norm = s.grad_clip if s.grad_clip else math.inf
     losses, tokens, step = [], 0, 0
-    stopped_by = "steps"
     bar = tqdm(total=s.steps, desc="sft", unit="step", disable=not s.progress, dynamic_ncols=True, mininterval=1.0)
     t0 = time.perf_counter()
     while step < s.steps:
         elapsed = time.perf_counter() - t0
-        if s.time_budget_s and elapsed >= s.time_budget_s:
-            stopped_by = "time"
-            break
-        progress = max(step / s.steps, elapsed / s.time_budget_s if s.time_budget_s else 0.0)
-        lr = s.lr * lr_factor(step, progress, s)
+        if s.time_limit_s and elapsed >= s.time_limit_s:
+            bar.close()
+            raise SFTTimeLimitError(
+                f"SFT passed job.time_limit_s={s.time_limit_s:g} after {step}/{s.steps} steps ({elapsed:.0f} s) and "
+                "cached nothing: raise job.time_limit_s or set it to null (the steps alone decide what is trained)"
+            )
+        lr = s.lr * lr_factor(step, s)
         for group in opt.param_groups:
             group["lr"] = lr
         ids, cu, rows, targets, n = batches.next_batch()
@@ -80,7 +105,7 @@ def train_sft(
     tail = losses[-10:] or [float("nan")]
     return {
         "steps": step,
-        "stopped_by": stopped_by,
+        "threads": torch.get_num_threads(),
         "train_seconds": round(seconds, 2),
         "examples": step * s.batch_size,
         "tokens": tokens,

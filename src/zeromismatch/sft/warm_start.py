@@ -1,4 +1,9 @@
-"""The cached SFT checkpoint of a config: trained, measured and stored once, loaded on every later run."""
+"""The cached SFT checkpoint of a config: trained, measured and stored once, loaded on every later run.
+
+An entry appears only whole: it is written into a temporary directory beside it, fsynced and renamed into
+place under the entry's lock, after a run that trained every step. A run that stops early (an exception, the
+time guard, a kill) leaves no entry, and a concurrent run of the same key waits on the lock and then loads
+what the first one stored."""
 
 from __future__ import annotations
 
@@ -22,9 +27,13 @@ from ..tasks.math.task import TOKENIZER_FILES, ensure_offline_math, get_tokenize
 from ..tasks.registry import build_task
 from .data import SFTBatches, load_sft_records
 from .settings import SFTSettings, settings_from_cfg, sft_job_config
-from .train import train_sft
+from .train import pinned_threads, train_sft
 
-SFT_VERSION = 1  # bump when training code changes what a key produces
+# Bump when training code changes what a key produces. 2: the lr schedule follows the steps only and the
+# thread count is pinned (entries of 1 may be cut short by a time budget or trained on another thread count).
+SFT_VERSION = 2
+SFT_NUMERICS = "stock"  # the fastest trainer forward on CPU; SFT only picks the starting weights every arm loads
+SFT_DTYPE = torch.float32
 REWARD_RANGE = (0.1, 0.7)  # starting train reward at which RL groups have variance (warned about otherwise)
 CACHE_FILES = ("summary.json", "config.json")
 
@@ -65,9 +74,19 @@ def _complete(path: Path) -> bool:
     return all((path / f).is_file() for f in CACHE_FILES)
 
 
+def _platform(device: torch.device) -> dict:
+    """What picks the kernels for a given thread count: the torch build, and the CPU's vector ISA (ATen and
+    MKL dispatch on it) or the GPU model."""
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else torch.backends.cpu.get_cpu_capability()
+    return {"device": device.type, "kernels": where, "torch": torch.__version__}
+
+
 def sft_key(cfg, s: SFTSettings, tokenizer, data_path: Path) -> dict:
-    """What the SFT weights depend on. The numerics are not in it: SFT trains under stock whatever the run's
-    numerics, so bi, bi_chunk and stock runs share one checkpoint."""
+    """What the SFT weights depend on: the model, the data and tokenizer (by content), the training settings
+    (steps, batch, lr schedule, seed, levels, threads, optimizer), the fixed SFT numerics and dtype, and the
+    platform. The run's own numerics are not in it: SFT trains under SFT_NUMERICS whatever they are, so bi,
+    bi_chunk and stock runs share one checkpoint. Where it is stored (job.cache_dir), the time guard and the
+    measurement settings are not in it either."""
     return {
         "version": SFT_VERSION,
         "model": {"preset": cfg.model.preset, "overrides": model_overrides(cfg)},
@@ -75,8 +94,38 @@ def sft_key(cfg, s: SFTSettings, tokenizer, data_path: Path) -> dict:
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "chat_template_kwargs": dict(cfg.task.get("chat_template_kwargs") or {}),
         "hparams": s.key(),
-        "device": torch.device(cfg.get("device", "cpu")).type,
+        "numerics": {"mode": SFT_NUMERICS, "dtype": str(SFT_DTYPE).removeprefix("torch.")},
+        "platform": _platform(torch.device(cfg.get("device", "cpu"))),
     }
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(out: Path, write: Callable[[Path], None]) -> None:
+    """Make ``out`` appear whole or not at all: ``write(tmp)`` into a fresh directory beside it, fsync its
+    files and itself, rename it to ``out``, fsync the parent (so the rename survives a crash). Call it holding
+    ``out``'s lock; temporary directories of ``out`` left by killed writers are removed first."""
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        write(tmp)
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+        shutil.rmtree(out, ignore_errors=True)  # not an entry: _complete(out) was false under the lock
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync(out.parent)
 
 
 def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | None = None) -> SFTResult:
@@ -95,7 +144,7 @@ def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | Non
 
     def hit() -> SFTResult:
         summary = json.loads((out / "summary.json").read_text())
-        model = load_checkpoint(out, numerics="stock", device=cfg.get("device", "cpu")) if load else None
+        model = load_checkpoint(out, numerics=SFT_NUMERICS, device=cfg.get("device", "cpu")) if load else None
         tr, ho = summary["measured"]["train_reward"], summary["measured"]["heldout"]
         print(
             f"SFT cache hit: {out} ({summary['train']['steps']} steps, {summary['train']['train_seconds']:.0f} s "
@@ -106,13 +155,12 @@ def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | Non
 
     if _complete(out):
         return hit()
-    with locked(out):
+    with locked(out), pinned_threads(s.threads):
         if _complete(out):
             return hit()
         t_start = time.perf_counter()
         device = torch.device(cfg.get("device", "cpu"))
-        # stock: the fastest trainer forward on CPU; SFT only picks the starting weights every arm loads
-        model = build_model(cfg.model.preset, "stock", seed=s.seed, device=device, dtype=torch.float32, **model_overrides(cfg))
+        model = build_model(cfg.model.preset, SFT_NUMERICS, seed=s.seed, device=device, dtype=SFT_DTYPE, **model_overrides(cfg))
         if len(tokenizer) > model.config.vocab_size:
             raise ValueError(f"tokenizer has {len(tokenizer)} tokens, model vocab_size {model.config.vocab_size}")
         records = load_sft_records(data_path, s.levels)
@@ -120,10 +168,10 @@ def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | Non
             records, tokenizer, s.batch_size, s.max_seq_len, s.seed, cfg.task.get("chat_template_kwargs")
         )
         print(
-            f"SFT: training {cfg.model.preset} ({model.num_parameters():,} parameters, stock numerics, "
-            f"{torch.get_num_threads()} threads, {device}) on {len(records)} worked solutions"
-            f"{f' (levels {s.levels})' if s.levels else ''}: {s.steps} steps x {s.batch_size}, lr {s.lr}"
-            f"{f', time budget {s.time_budget_s} s' if s.time_budget_s else ''} -> {out}",
+            f"SFT: training {cfg.model.preset} ({model.num_parameters():,} parameters, {SFT_NUMERICS} numerics, "
+            f"{s.threads} thread{'s' if s.threads > 1 else ''} (job.threads), {device}) on {len(records)} worked "
+            f"solutions{f' (levels {s.levels})' if s.levels else ''}: {s.steps} steps x {s.batch_size}, lr {s.lr}"
+            f"{f', time limit {s.time_limit_s:g} s' if s.time_limit_s else ''} -> {out}",
             flush=True,
         )
         with build_task(cfg, tokenizer, seed=int(cfg.get("seed", 0))) as task:
@@ -139,23 +187,22 @@ def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | Non
             "hash": out.name,
             "train": stats,
             "measured": measured,
-            "threads": torch.get_num_threads(),
             "parameters": model.num_parameters(),
             "sft_records": len(records),
             "total_seconds": round(time.perf_counter() - t_start, 2),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
         summary = json.loads(json.dumps(summary))  # what a cache hit will read back (tuples -> lists)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_checkpoint(model, tmp)
-        src = Path(tokenizer.name_or_path)
-        for f in TOKENIZER_FILES:
-            if (src / f).is_file():
-                shutil.copy2(src / f, tmp / f)
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        shutil.rmtree(out, ignore_errors=True)  # an incomplete entry (a killed run)
-        os.replace(tmp, out)
+
+        def write(tmp: Path) -> None:
+            save_checkpoint(model, tmp)
+            src = Path(tokenizer.name_or_path)
+            for f in TOKENIZER_FILES:
+                if (src / f).is_file():
+                    shutil.copy2(src / f, tmp / f)
+            (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+        _publish(out, write)
     tr, ho = measured["train_reward"], measured["heldout"]
     if not REWARD_RANGE[0] <= tr["accuracy"] <= REWARD_RANGE[1]:
         warnings.warn(
@@ -164,16 +211,9 @@ def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | Non
             "lower job.steps.",
             stacklevel=2,
         )
-    if stats["stopped_by"] == "time":
-        warnings.warn(
-            f"SFT stopped by time_budget_s={s.time_budget_s} after {stats['steps']}/{s.steps} steps (a slow or "
-            f"busy machine): {out} holds a less trained model than this config means. Delete it and rerun on a "
-            "quieter machine (or with OMP_NUM_THREADS=1 when other processes share the cores).",
-            stacklevel=2,
-        )
     print(
-        f"SFT done: {stats['steps']} steps ({stats['stopped_by']} budget) in {stats['train_seconds']:.0f} s train / "
-        f"{summary['total_seconds']:.0f} s total, {summary['threads']} threads; loss {stats['loss_first']:.3f} -> "
+        f"SFT done: {stats['steps']} steps in {stats['train_seconds']:.0f} s train / "
+        f"{summary['total_seconds']:.0f} s total, {stats['threads']} thread(s); loss {stats['loss_first']:.3f} -> "
         f"{stats['loss_last10']:.3f}; train reward (T={s.train_reward_temperature}, {tr['n']} prompts) "
         f"{tr['accuracy']:.3f}; held-out greedy {ho['accuracy']:.3f} ({ho['n']}); saved {out}",
         flush=True,
