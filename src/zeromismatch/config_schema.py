@@ -126,7 +126,7 @@ JOB: dict[str, Group] = {  # conf/job/<name>.yaml, by job.name
         "name": STR, "data": STR, "steps": POSITIVE_INT, "batch_size": POSITIVE_INT, "max_seq_len": POSITIVE_INT,
         "lr": number(0, lo_open=True), "eval_every": COUNT, "save_to": OPT_STR,
         "levels": list_of(integer(1, 4), optional=True), "warmup_steps": COUNT, "min_lr_ratio": number(0, 1),
-        "time_budget_s": number(0, lo_open=True, optional=True), "seed": COUNT, "cache_dir": STR,
+        "time_limit_s": number(0, lo_open=True, optional=True), "threads": POSITIVE_INT, "seed": COUNT, "cache_dir": STR,
         "train_reward_prompts": POSITIVE_INT, "train_reward_temperature": number(0), "max_new_tokens": POSITIVE_INT,
         "measure_numerics": one_of(*MODES), "progress": BOOL,
     },  # fmt: skip

@@ -2,7 +2,7 @@
 items) share the call. `linear` serves every projection of the `bi` / `bi_chunk` modes, `bmm` their blocked
 attention.
 
-- cpu.py          the CPU GEMM (rows padded to a fixed tile)
+- cpu.py          the CPU GEMM (fixed-shape row blocks, one MKL thread each)
 - triton.py       the CUDA GEMM: fixed K order, no split-K; its tile config is chosen by the gemm policy
 - bmm_triton.py   the CUDA batched matmul: tile config from the matrix shape only, never the batch count
 - policy.py       the CUDA GEMM's tile policies (conf/numerics `gemm_policy`)
