@@ -5,8 +5,8 @@
     python run.py +exp=tiny_math_op4_bi                       # a fixed experiment (conf/exp/, experiments/README.md)
     python run.py -m +exp=tiny_math_op4_bi,tiny_math_op4_stock # a sweep
 
-Jobs: zeromismatch.jobs.JOBS. Config: conf/config.yaml. Hydra writes its logs under outputs/; metrics go to
-cfg.logging.run_dir (JSONL + offline W&B).
+Jobs: zeromismatch.jobs.JOBS. Config: conf/config.yaml. One folder per run, cfg.logging.run_dir (runs/...):
+Hydra's config and run.log, the metrics (JSONL + offline W&B), checkpoints.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+import zeromismatch.logging  # noqa: F401 - registers ${zm_run_dir:...}, which conf/logging resolves
 from zeromismatch.jobs import JobError, get_job
 
 
