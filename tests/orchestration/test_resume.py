@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zeromismatch.logging import read_jsonl, read_status, read_wandb_offline
-from zeromismatch.logging.metrics import wandb_cli_available
+from zeromismatch.logging import read_jsonl, read_status
 
 ROOT = Path(__file__).resolve().parents[2]
 N, STEPS = 1, 8
@@ -96,11 +95,9 @@ def test_kill_9_and_resume_keeps_offpolicy_semantics(tmp_path, mode):
     held = {g.prompt_id for g in killed_at["buffer"].untrained_groups()} | {item.prompt_id for _, item, _ in killed_at["in_flight"]}
     after = {p for b in batches if b["step"] >= k for p in b["prompt_ids"]}
     assert len(held - after - waiting) <= dropped
-    if mode == "threaded":  # the W&B run continues under its id
+    if mode == "threaded":  # the W&B run continues under its id (offline: a second folder, merged on sync)
         ids = {p.name.rsplit("-", 1)[1] for p in (run_dir / "wandb").glob("offline-run-*")}
         assert len(ids) == 1 and len(list((run_dir / "wandb").glob("offline-run-*"))) == 2
-        if wandb_cli_available():  # read back offline: both segments, joined at the resume step
-            assert [row["step"] for row in read_wandb_offline(run_dir, fallback=False)] == list(range(STEPS))
 
 
 def test_checkpoint_keeps_only_weight_versions_the_buffer_needs(tmp_path):

@@ -249,23 +249,13 @@ def wandb_cli_available(timeout: float = 60) -> bool:
 
 def find_wandb_file(path: str | os.PathLike) -> Path | None:
     """The newest .wandb transaction log under `path` (a run dir, a wandb dir, an offline-run dir, or the file)."""
-    segments = wandb_run_segments(path)
-    return segments[-1] if segments else None
-
-
-def wandb_run_segments(path: str | os.PathLike) -> list[Path]:
-    """The .wandb files of the newest W&B run under `path`, oldest first: one per invocation (a resumed
-    offline run writes a new offline-run folder under the same id, so the same file name run-<id>.wandb)."""
     p = Path(path)
     if p.is_file():
-        return [p] if p.suffix == ".wandb" else []
+        return p if p.suffix == ".wandb" else None
     files = sorted(p.rglob("*.wandb"), key=lambda f: f.stat().st_mtime)
-    if not files:
-        return []
-    newest = [f for f in files if f.name == files[-1].name]
-    if len(newest) < len(files):
-        warnings.warn(f"{p} holds {len({f.name for f in files})} W&B runs; reading the newest, {files[-1].name}")
-    return newest
+    if len(files) > 1:
+        warnings.warn(f"{p} holds {len(files)} W&B runs; reading the newest, {files[-1]}")
+    return files[-1] if files else None
 
 
 def _history_rows(jsonl_records: str) -> list[dict]:
@@ -288,18 +278,16 @@ def _history_rows(jsonl_records: str) -> list[dict]:
 def read_wandb_offline(run_dir: str | os.PathLike, *, fallback: bool = True, timeout: float = 120) -> list[dict]:
     """History rows of the W&B run under `run_dir`, read offline with `wandb leet inspect --json`.
 
-    Rows look like read_jsonl's ({"step", "_time", metrics...}, W&B-internal keys dropped), one per step; the
-    segments of a resumed run are joined (each one's rows replace the earlier ones' from its first step on).
+    Rows look like read_jsonl's ({"step", "_time", metrics...}, W&B-internal keys dropped), one per step.
     If there is no .wandb file or the CLI cannot read it: with fallback (default) warn and return the JSONL
     beside it (read_jsonl(run_dir)); without, raise RuntimeError.
     """
     run_dir = Path(run_dir)
-    segments = wandb_run_segments(run_dir)
+    wfile = find_wandb_file(run_dir)
     problem = None
-    if not segments:
+    if wfile is None:
         problem = f"no .wandb file under {run_dir}"
-    rows: list[dict] = []
-    for wfile in segments:
+    else:
         try:
             r = subprocess.run(
                 [*_wandb_cli(), "--json", str(wfile)],
@@ -308,18 +296,11 @@ def read_wandb_offline(run_dir: str | os.PathLike, *, fallback: bool = True, tim
                 timeout=timeout,
                 stdin=subprocess.DEVNULL,
             )
-            if r.returncode != 0:
-                problem = f"`wandb leet inspect` exited {r.returncode}: {r.stderr.strip()[-500:]}"
-                break
-            part = _history_rows(r.stdout)
+            if r.returncode == 0:
+                return _history_rows(r.stdout)
+            problem = f"`wandb leet inspect` exited {r.returncode}: {r.stderr.strip()[-500:]}"
         except (OSError, subprocess.SubprocessError, json.JSONDecodeError) as e:
             problem = f"`wandb leet inspect` failed: {e!r}"
-            break
-        if part:  # a resumed segment replaces what the killed one logged from its first step on
-            rows = [row for row in rows if row["step"] < part[0]["step"]]
-        rows.extend(part)
-    if problem is None:
-        return rows
     if not fallback:
         raise RuntimeError(problem)
     jsonl_dir = run_dir if run_dir.is_dir() else run_dir.parent
