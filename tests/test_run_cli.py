@@ -154,7 +154,7 @@ def test_defaults():
     assert cfg.logging.wandb.mode == "auto" and cfg.task.offline.dir == "data/offline_math"
     assert cfg.hydra.job.chdir is False
     hydra_dirs = OmegaConf.to_container(cfg.hydra, resolve=False)
-    assert hydra_dirs["run"]["dir"] == "${logging.run_dir}" and hydra_dirs["sweep"]["dir"].startswith("${logging.root}/")
+    assert hydra_dirs["run"]["dir"] == "${logging.run_dir}" and hydra_dirs["sweep"]["dir"] == "${logging.root}"
 
 
 def test_group_options_match_code():
