@@ -37,8 +37,7 @@ def _run(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.Complet
         sys.executable,
         "run.py",
         *args,
-        f"logging.root={tmp_path / 'runs'}",  # Hydra's run dir is the run's folder under it
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        f"logging.root={tmp_path / 'runs'}",  # Hydra's run dir (a sweep's job dirs too) is the run's folder under it
     ]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
@@ -98,7 +97,7 @@ def test_sweep_over_experiments(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "numerics bi," in out and "numerics stock," in out
-    names = sorted(p.name.split("_", 2)[-1] for p in (tmp_path / "runs").iterdir())
+    names = sorted(p.name.split("_", 3)[-1] for p in (tmp_path / "runs").iterdir() if p.is_dir())  # <time>_<n>_<name>
     assert names == ["tiny_math_op4_bi", "tiny_math_op4_stock"]
 
 

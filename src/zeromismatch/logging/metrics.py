@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 from omegaconf import OmegaConf
 
 from ..config import cfg_get
-from .run_dir import unique_dir
+from .run_dir import hydra_run_dir, unique_dir
 
 WANDB_MODES = ("auto", "offline", "online", "disabled")
 JSONL_NAME = "metrics.jsonl"
@@ -129,7 +129,10 @@ class MetricsLogger:
     def from_cfg(cls, cfg: Any, resume_step: int | None = None) -> "MetricsLogger":
         """The logger of a run.py job: cfg.logging, cfg.run_name, and the whole resolved config; ``resume_step``:
         the first step of a resumed run."""
-        return cls(cfg.logging, cfg.run_name, OmegaConf.to_container(cfg, resolve=True), resume_step=resume_step)
+        cfg_logging = OmegaConf.to_container(cfg.logging, resolve=True)
+        if resume_step is None and hydra_run_dir() is not None:  # one folder: Hydra's, for every job
+            cfg_logging["run_dir"] = str(hydra_run_dir())
+        return cls(cfg_logging, cfg.run_name, OmegaConf.to_container(cfg, resolve=True), resume_step=resume_step)
 
     def _init_wandb(self, wcfg: Any, config_dict: Mapping[str, Any] | None):
         if self.wandb_mode == "disabled":

@@ -50,6 +50,11 @@ def _relative(path: Path) -> Path:
         return path
 
 
+def hydra_run_dir() -> Path | None:
+    """This job's Hydra output dir (run.py: the run folder, a sweep job's included), or None outside Hydra."""
+    return _relative(Path(HydraConfig.get().runtime.output_dir)) if HydraConfig.initialized() else None
+
+
 def pin_run_dir(cfg) -> Path:
     """Decide the run's one folder and write it into cfg.logging.run_dir, so every part of the run (both
     processes of a disaggregated one) uses it: the resumed run's folder, else Hydra's output dir, else
@@ -57,8 +62,8 @@ def pin_run_dir(cfg) -> Path:
     resume = cfg_get(cfg.job, "resume")
     if resume:
         run_dir = resume_dir(resume)
-    elif HydraConfig.initialized():
-        run_dir = _relative(Path(HydraConfig.get().runtime.output_dir))
+    elif hydra_run_dir() is not None:
+        run_dir = hydra_run_dir()
     else:
         run_dir = unique_dir(Path(cfg.logging.run_dir))
     with open_dict(cfg):
