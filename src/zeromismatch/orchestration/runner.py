@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+from ..logging.run_dir import log_to_run_dir
 from ..model_init import initial_model, uses_sft_warm_start
 from ..sft import ensure_sft_checkpoint
 from ..tasks.registry import build_task
@@ -136,6 +137,7 @@ def _spawn_disaggregated(cfg) -> dict:
 def _role_process(rank: int, cfg_dict: dict, port: int, out: str) -> None:
     """Spawn entry point (importable in the child): one rank of a disaggregated run."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    log_to_run_dir(cfg_dict["logging"]["run_dir"])
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         cfg = OmegaConf.create(cfg_dict)
