@@ -5,8 +5,8 @@
     python run.py +exp=tiny_math_op4_bi                       # a fixed experiment (conf/exp/, experiments/README.md)
     python run.py -m +exp=tiny_math_op4_bi,tiny_math_op4_stock # a sweep
 
-Jobs: zeromismatch.jobs.JOBS. Config: conf/config.yaml. Hydra writes its logs under outputs/; metrics go to
-cfg.logging.run_dir (JSONL + offline W&B).
+Jobs: zeromismatch.jobs.JOBS. Config: conf/config.yaml. One folder per run, cfg.logging.run_dir (runs/...):
+Hydra's config and run.log, the metrics (JSONL + offline W&B), checkpoints, status.json.
 
 The composed config is checked before any work (zeromismatch/config_schema.py): an unknown key, a wrong type,
 an out-of-range value, or an experiment this machine cannot run stops the run with one line
@@ -26,6 +26,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+import zeromismatch.logging  # noqa: F401 - registers ${zm_run_dir:...}, which conf/logging resolves
 from zeromismatch.config_schema import check_config, hydra_error_line, resolve_config
 from zeromismatch.errors import UserError
 from zeromismatch.jobs import JobError, get_job

@@ -37,9 +37,7 @@ def _run(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.Complet
         sys.executable,
         "run.py",
         *args,
-        f"logging.root={tmp_path / 'runs'}",
-        f"hydra.run.dir={tmp_path / 'hydra'}",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        f"logging.root={tmp_path / 'runs'}",  # Hydra's run dir (a sweep's job dirs too) is the run's folder under it
     ]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
@@ -66,6 +64,7 @@ def test_smoke_job_runs(tmp_path):
     assert [row["step"] for row in rows] == [0, 1]
     assert all(row["train/loss"] > 0 and row["perf/trainer/tokens_per_second_fwd_bwd"] > 0 for row in rows)
     assert list((run_dir / "wandb").glob("offline-run-*/*.wandb")), "no offline W&B run written"
+    assert (run_dir / ".hydra" / "config.yaml").is_file() and (run_dir / "run.log").is_file()  # one folder
 
 
 def test_unknown_job_group_lists_jobs(tmp_path):
@@ -98,7 +97,7 @@ def test_sweep_over_experiments(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "numerics bi," in out and "numerics stock," in out
-    names = sorted(p.name.split("_", 2)[-1] for p in (tmp_path / "runs").iterdir())
+    names = sorted(p.name.split("_", 3)[-1] for p in (tmp_path / "runs").iterdir() if p.is_dir())  # <time>_<n>_<name>
     assert names == ["tiny_math_op4_bi", "tiny_math_op4_stock"]
 
 
@@ -154,7 +153,7 @@ def test_defaults():
     assert cfg.logging.wandb.mode == "auto" and cfg.task.offline.dir == "data/offline_math"
     assert cfg.hydra.job.chdir is False
     hydra_dirs = OmegaConf.to_container(cfg.hydra, resolve=False)
-    assert hydra_dirs["run"]["dir"].startswith("outputs/") and hydra_dirs["sweep"]["dir"].startswith("outputs/")
+    assert hydra_dirs["run"]["dir"] == "${logging.run_dir}" and hydra_dirs["sweep"]["dir"] == "${logging.root}"
 
 
 def test_group_options_match_code():

@@ -100,3 +100,12 @@ def test_disaggregated_checkpoint_and_resume(tmp_path):
     assert [h["step"] for h in hist] == [4, 5, 6]
     assert [h["train/version"] for h in hist] == [5, 6, 7]
     assert max(h["train_batch/policy_age_max"] for h in hist) <= 4
+
+
+def test_failed_run_is_marked_failed(tmp_path):
+    """A run that fails before its first metric leaves its folder with status.json saying so, in one line."""
+    with pytest.raises(NotImplementedError):
+        rl_job.main(cfg_for(tmp_path, "bad", "generator.backend=vllm", "rl.steps=2"))
+    status = json.loads((tmp_path / "bad" / "status.json").read_text())
+    assert status["status"] == "failed" and status["error"].startswith("NotImplementedError: generator backend 'vllm'")
+    assert "\n" not in status["error"]

@@ -11,8 +11,13 @@
 The JSONL is the record of truth (plain, greppable, never lost); W&B is for viewing. Both readers return
 rows of {"step", "_time", <metric>: value}. JSONL keeps one row per `log` call; W&B merges calls made with
 the same step into one row, so read series with `metric_series`, which is the same for both.
+
+One folder per run (run_dir.py): Hydra's output dir is the run dir; status.json marks it running, completed,
+failed (with a one-line error) or interrupted; a resume continues the folder and the W&B run.
 """
 
 from .metrics import MetricsLogger, metric_series, read_jsonl, read_wandb_offline, resolve_wandb_mode
+from .run_dir import pin_run_dir, read_status, run_status, write_status
 
-__all__ = ["MetricsLogger", "metric_series", "read_jsonl", "read_wandb_offline", "resolve_wandb_mode"]
+__all__ = ["MetricsLogger", "metric_series", "pin_run_dir", "read_jsonl", "read_status", "read_wandb_offline",
+           "resolve_wandb_mode", "run_status", "write_status"]

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 from omegaconf import OmegaConf
 
 from ..config import cfg_get
+from .run_dir import hydra_run_dir, unique_dir
 
 WANDB_MODES = ("auto", "offline", "online", "disabled")
 JSONL_NAME = "metrics.jsonl"
@@ -67,18 +68,32 @@ def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _unique_dir(path: Path) -> Path:
-    """`path` if it holds no metrics yet, else path-1, path-2, ... (two runs never share a JSONL)."""
-    candidate, n = path, 0
-    while candidate.is_dir() and any(candidate.glob("*.jsonl")):
-        n += 1
-        candidate = path.with_name(f"{path.name}-{n}")
-    return candidate
+def truncate_jsonl_from(run_dir: Path, step: int) -> None:
+    """Drop the rows of every JSONL in ``run_dir`` logged at ``step`` or later: a resume from the checkpoint
+    after step - 1 logs them again (a killed run may have got past its last checkpoint)."""
+    for path in run_dir.glob("*.jsonl"):
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by the kill
+                continue
+            if int(row.get("step", -1)) < step:
+                kept.append(line + "\n")
+        path.write_text("".join(kept), encoding="utf-8")
+
+
+def _wandb_run_id(run_dir: Path) -> str | None:
+    """The id of the W&B run under ``run_dir`` (its folder wandb/<offline-run|run>-<time>-<id>), if any."""
+    runs = sorted((run_dir / "wandb").glob("*run-*-*"), key=lambda p: p.stat().st_mtime)
+    return runs[-1].name.rsplit("-", 1)[1] if runs else None
 
 
 class MetricsLogger:
     """Writes every `log(metrics, step)` to `<run_dir>/<jsonl>` (one JSON object per line, with `step` and
-    `_time`) and to a W&B run whose files live in `<run_dir>/wandb/`.
+    `_time`) and to a W&B run whose files live in `<run_dir>/wandb/`. With ``resume_step`` the run dir is
+    reused as it is: rows at or after that step are dropped from its JSONL files and the W&B run is resumed
+    under its id (offline: a new offline-run folder with the same id, merged when synced).
 
     cfg_logging keys (conf/logging/default.yaml): run_dir, jsonl (file name in run_dir),
     wandb.{mode, project, entity, group, tags}. W&B never prompts; if it cannot be imported or started,
@@ -86,9 +101,16 @@ class MetricsLogger:
     such rows (the JSONL keeps them).
     """
 
-    def __init__(self, cfg_logging: Any, run_name: str, config_dict: Mapping[str, Any] | None = None):
+    def __init__(self, cfg_logging: Any, run_name: str, config_dict: Mapping[str, Any] | None = None,
+                 *, resume_step: int | None = None):
         self.run_name = run_name
-        self.run_dir = _unique_dir(Path(cfg_get(cfg_logging, "run_dir", f"runs/{run_name}")))
+        run_dir = Path(cfg_get(cfg_logging, "run_dir", f"runs/{run_name}"))
+        self.resume_step = resume_step
+        if resume_step is None:
+            self.run_dir = unique_dir(run_dir)
+        else:  # a resumed run continues its folder, its JSONL and its W&B run
+            self.run_dir = run_dir
+            truncate_jsonl_from(run_dir, resume_step)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / cfg_get(cfg_logging, "jsonl", JSONL_NAME)
         self._fh = open(self.jsonl_path, "a", encoding="utf-8")
@@ -104,9 +126,13 @@ class MetricsLogger:
         self.wandb_run = self._init_wandb(wcfg, config_dict)
 
     @classmethod
-    def from_cfg(cls, cfg: Any) -> "MetricsLogger":
-        """The logger of a run.py job: cfg.logging, cfg.run_name, and the whole resolved config."""
-        return cls(cfg.logging, cfg.run_name, OmegaConf.to_container(cfg, resolve=True))
+    def from_cfg(cls, cfg: Any, resume_step: int | None = None) -> "MetricsLogger":
+        """The logger of a run.py job: cfg.logging, cfg.run_name, and the whole resolved config; ``resume_step``:
+        the first step of a resumed run."""
+        cfg_logging = OmegaConf.to_container(cfg.logging, resolve=True)
+        if resume_step is None and hydra_run_dir() is not None:  # one folder: Hydra's, for every job
+            cfg_logging["run_dir"] = str(hydra_run_dir())
+        return cls(cfg_logging, cfg.run_name, OmegaConf.to_container(cfg, resolve=True), resume_step=resume_step)
 
     def _init_wandb(self, wcfg: Any, config_dict: Mapping[str, Any] | None):
         if self.wandb_mode == "disabled":
@@ -116,8 +142,11 @@ class MetricsLogger:
         except Exception as e:  # noqa: BLE001 - any import failure: keep the JSONL going
             warnings.warn(f"wandb could not be imported ({e!r}); metrics go to {self.jsonl_path} only")
             return None
+        run_id = _wandb_run_id(self.run_dir) if self.resume_step is not None else None
         try:
             return wandb.init(
+                id=run_id,
+                resume="allow" if run_id else None,
                 project=cfg_get(wcfg, "project", "zeromismatch"),
                 entity=cfg_get(wcfg, "entity"),
                 group=cfg_get(wcfg, "group"),

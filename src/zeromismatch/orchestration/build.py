@@ -61,7 +61,8 @@ def _has_spread(group) -> bool:
 
 def build_rollout_worker(cfg, model, task, *, version: int, resume: dict | None = None) -> RolloutWorker:
     """Engine over ``model`` (at weight ``version``), the run-ahead buffer (the checkpoint's, when resuming)
-    and the worker that feeds it with ``task``'s prompts from the checkpoint's data position."""
+    and the worker that feeds it with ``task``'s prompts from the checkpoint's data position, its in-flight
+    groups restarted under ``version``."""
     rl, gen = cfg.rl, cfg.generator
     max_prompt = int(rl.get("max_prompt_len", 512))
     engine = Engine(
@@ -75,8 +76,9 @@ def build_rollout_worker(cfg, model, task, *, version: int, resume: dict | None 
     engine.version = version
     if resume:
         buffer = resume["buffer"]
-        if not rl.deterministic:
-            buffer.abandon_in_flight()  # async checkpoints do not hold in-flight rollouts
+        if buffer.generator_version < version:
+            # an async checkpoint can precede the generator's taking the step's weights; they are live now
+            buffer.release_after_weights_reached_generator(version - 1)
     else:
         group_filter = _has_spread if rl.get("dynamic_sampling", False) else None
         order = "admission" if rl.deterministic else "completion"
@@ -84,5 +86,8 @@ def build_rollout_worker(cfg, model, task, *, version: int, resume: dict | None 
                                 group_filter=group_filter, order=order)
     params = SamplingParams(temperature=float(rl.temperature), max_new_tokens=int(rl.max_new_tokens),
                             stop_token_ids=tuple(task.stop_token_ids))
-    return RolloutWorker(engine, task, buffer, int(rl.samples_per_prompt), params, seed=int(cfg.seed),
-                         swap_policy=rl.swap_policy, prompts_consumed=resume["prompts_consumed"] if resume else 0)
+    worker = RolloutWorker(engine, task, buffer, int(rl.samples_per_prompt), params, seed=int(cfg.seed),
+                           swap_policy=rl.swap_policy, prompts_consumed=resume["prompts_consumed"] if resume else 0)
+    if resume:
+        worker.restore_in_flight(resume.get("in_flight", []))
+    return worker

@@ -1,6 +1,21 @@
-"""RL checkpoints at step boundaries: the trainer (model, optimizer, weight history, version), the
-run-ahead buffer, the data position and the RNG states; enough to continue a run (bit for bit in the
-lockstep schedule)."""
+"""RL checkpoints at step boundaries: what a resumed run needs to continue with the offpolicy-N semantics
+intact, and nothing else.
+
+    step                 steps done (the resumed run's first step)
+    trainer              model, optimizer, version, and only the weight-history versions that rescore tokens
+                         still waiting in the run-ahead buffer (the staleness split); the current version is
+                         the model itself and is rebuilt from it on load
+    buffer               the RunAheadBuffer: complete groups not yet trained (with their admission versions),
+                         slot accounting, the next step
+    in_flight            the groups still generating at the boundary: (ticket, PromptItem, stream position).
+                         Their partial rollouts are not kept; a resume regenerates them from the same prompts
+                         and sampling seeds under the checkpoint's weights (RolloutWorker.restore_in_flight)
+    prompts_consumed     the data position (in-flight prompts included)
+    torch_rng, py_rng    RNG states
+
+The weight history dominated the file (one full copy of the weights per kept version, offpolicy + 2 of them);
+keeping only the versions the buffer's tokens came from is what makes a checkpoint model + optimizer sized.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +24,36 @@ from pathlib import Path
 
 import torch
 
+from ..rl.offpolicy import RunAheadBuffer
 
-def save_rl_checkpoint(path: Path, step: int, trainer, buffer, prompts_consumed: int) -> None:
-    """Write atomically (a reader never sees half a file). ``step`` = steps done."""
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def versions_to_rescore(buffer: RunAheadBuffer) -> set[int]:
+    """Weight versions that produced a loss token of a complete group still to be trained."""
+    out: set[int] = set()
+    for group in buffer.untrained_groups():
+        for s in group.samples:
+            out.update(int(v) for v in torch.unique(s.gen_version[s.loss_mask.bool()]).tolist())
+    return out
+
+
+def trainer_state(trainer, buffer: RunAheadBuffer) -> dict:
+    sd = trainer.state_dict()
+    keep = versions_to_rescore(buffer) - {sd["version"]}
+    sd["history"] = {v: w for v, w in sd["history"].items() if v in keep}
+    return sd
+
+
+def save_rl_checkpoint(path: Path, step: int, trainer, generator_state: dict) -> None:
+    """Write atomically (a reader never sees half a file). ``step`` = steps done; ``generator_state`` is
+    RolloutWorker.state() (buffer, in_flight, prompts_consumed), taken at the same step boundary."""
     tmp = path.with_suffix(".tmp")
     torch.save(
         {
             "step": step,
-            "trainer": trainer.state_dict(),
-            "buffer": buffer,
-            "prompts_consumed": prompts_consumed,
+            "trainer": trainer_state(trainer, generator_state["buffer"]),
+            **generator_state,
             "torch_rng": torch.get_rng_state(),
             "py_rng": random.getstate(),
         },
@@ -27,9 +62,22 @@ def save_rl_checkpoint(path: Path, step: int, trainer, buffer, prompts_consumed:
     tmp.replace(path)
 
 
-def load_rl_checkpoint(path: str | Path | None) -> dict | None:
-    """The checkpoint at ``path`` (None: a fresh run)."""
-    return torch.load(path, weights_only=False) if path else None
+def checkpoint_file(resume: str | Path) -> Path:
+    """job.resume names a checkpoint file or the run dir that holds it."""
+    p = Path(resume)
+    return p / CHECKPOINT_NAME if p.is_dir() else p
+
+
+def load_rl_checkpoint(resume: str | Path | None) -> dict | None:
+    """The checkpoint named by ``resume`` (None: a fresh run)."""
+    return torch.load(checkpoint_file(resume), weights_only=False) if resume else None
+
+
+def restore_trainer(trainer, ckpt: dict) -> None:
+    """Load the trainer's state; the current version's history entry is the model itself."""
+    trainer.load_state_dict(ckpt["trainer"])
+    if trainer.staleness_split:
+        trainer.history[trainer.version] = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
 def restore_rng(ckpt: dict) -> None:

@@ -100,7 +100,7 @@ def run_async(worker: RolloutWorker, trainer, start: int, steps: int, on_step: S
                     time.sleep(poll_s)
             on_step(step, batch, time.perf_counter() - t0)
             channel.publish(trainer.version, trainer.weights())
-            if after_step is not None:  # in-flight rollouts are not saved: a resume regenerates them
+            if after_step is not None:  # in-flight groups are saved as prompts + seeds: a resume regenerates them
                 after_step(step)
     finally:
         stop.set()

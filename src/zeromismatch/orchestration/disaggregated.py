@@ -5,10 +5,11 @@ run uses for the control messages). runner.py builds each side. The offpolicy-N 
 arrive), the trainer asks for the batch of step s, trains, and sends its weights with the next request.
 
     trainer -> generator (group A): ("next", s, version, weights | None) | ("state",) | ("stop",)
-    generator -> trainer (group B): ("batch", s, Batch, generator stats) | ("state", {buffer, prompts_consumed})
+    generator -> trainer (group B): ("batch", s, Batch, generator stats) | ("state", RolloutWorker.state())
 
 ("state",) is sent at a step boundary, before the next request, for a checkpoint: the generator answers with
-its run-ahead buffer and data position (in-flight rollouts are dropped on resume, as in run_async).
+its run-ahead buffer, in-flight groups and data position (a resume regenerates the in-flight groups, as
+in run_async).
 
 One group per direction: the generator receives on a thread of its own (blocking recvs; gloo's irecv cannot
 be polled) while its main loop steps the engine and sends batches.
@@ -70,8 +71,7 @@ def serve_generator(worker: RolloutWorker, trainer_rank: int, groups, poll_s: fl
         if msg is not None and msg[0] == "stop":
             return
         if msg is not None and msg[0] == "state":  # buffer and position are only touched by this thread
-            send_obj(("state", {"buffer": worker.buffer, "prompts_consumed": worker.prompts_consumed}),
-                     trainer_rank, to_trainer)
+            send_obj(("state", worker.state()), trainer_rank, to_trainer)
         elif msg is not None:
             _, step, version, weights = msg
             if weights is not None:
@@ -94,7 +94,7 @@ def serve_generator(worker: RolloutWorker, trainer_rank: int, groups, poll_s: fl
 def run_trainer(trainer, start: int, steps: int, on_step, generator_rank: int, groups, after_step=None) -> None:
     """Trainer process: request the batch of each step, train (on_step(step, batch, waited, stats)), send the
     new weights with the next request; stop the generator at the end. after_step(step, generator_state) runs
-    at each step boundary; generator_state() fetches the generator's buffer and data position."""
+    at each step boundary; generator_state() fetches RolloutWorker.state() from the generator."""
     to_gen, to_trainer = groups
 
     def generator_state() -> dict:

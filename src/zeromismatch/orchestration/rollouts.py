@@ -32,6 +32,7 @@ def sample_from_output(out: GenerationOutput, reward: float) -> Sample:
 class _GroupInFlight:
     ticket: int
     item: object  # tasks.base.PromptItem
+    position: int  # 1-based position of the prompt in the train stream: keys its sampling seeds
     pending: set[int]
     outputs: dict[int, GenerationOutput] = field(default_factory=dict)
 
@@ -51,38 +52,57 @@ class RolloutWorker:
         self.lock = threading.Lock()  # guards buffer (shared with the trainer thread in async mode)
         self.tokens_generated = 0
 
-    def _next_prompt(self):
-        self.prompts_consumed += 1
-        return next(self.prompts)
-
     def admit_available(self) -> int:
         n = 0
         with self.lock:
             while self.buffer.can_admit():
-                item = self._next_prompt()
-                ticket = self.buffer.admit(item.prompt_id)
-                grp = _GroupInFlight(ticket, item, set())
-                for j in range(self.g):
-                    sp = SamplingParams(**{**self.params.__dict__, "seed": hash((self.seed, self.prompts_consumed, j)) % (2**62)})
-                    rid = self.engine.add_request(item.prompt_ids, sp)
-                    grp.pending.add(rid)
-                    self.groups[rid] = grp
+                self.prompts_consumed += 1
+                item = next(self.prompts)
+                self._start_group(self.buffer.admit(item.prompt_id), item, self.prompts_consumed)
                 n += 1
         return n
+
+    def _start_group(self, ticket: int, item, position: int) -> None:
+        """Add the group's samples to the engine; their seeds depend on the run seed and the prompt's stream
+        position only, so a group regenerated on resume samples with the seeds it had."""
+        grp = _GroupInFlight(ticket, item, position, set())
+        for j in range(self.g):
+            sp = SamplingParams(**{**self.params.__dict__, "seed": hash((self.seed, position, j)) % (2**62)})
+            rid = self.engine.add_request(item.prompt_ids, sp)
+            grp.pending.add(rid)
+            self.groups[rid] = grp
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the generator side (call under ``lock``, at a step boundary): the buffer,
+        the data position, and each group still generating as (ticket, prompt item, stream position)."""
+        in_flight = {g.ticket: (g.ticket, g.item, g.position) for g in self.groups.values()}
+        return {"buffer": self.buffer, "prompts_consumed": self.prompts_consumed,
+                "in_flight": [in_flight[t] for t in sorted(in_flight)]}
+
+    def restore_in_flight(self, in_flight: list) -> None:
+        """Regenerate the checkpoint's in-flight groups from their prompts and seeds under the weights the
+        generator runs now. Their partial rollouts were not saved; readmitting them under the current version
+        makes their admission stamps true of the regenerated tokens, and keeps their slots (no prompt of the
+        stream is skipped or admitted twice)."""
+        with self.lock:
+            self.buffer.abandon_in_flight()
+            for _, item, position in in_flight:
+                self._start_group(self.buffer.admit(item.prompt_id), item, position)
 
     def step(self) -> int:
         """One engine step; completes the groups whose samples all finished. Returns groups completed."""
         done = 0
-        for out in self.engine.step():
-            self.tokens_generated += len(out.tokens)
-            grp = self.groups.pop(out.request_id)
-            grp.pending.discard(out.request_id)
-            grp.outputs[out.request_id] = out
-            if not grp.pending:
-                samples = [sample_from_output(o, self.task.reward(o.tokens, grp.item.gold)) for _, o in sorted(grp.outputs.items())]
-                with self.lock:
+        finished = self.engine.step()
+        with self.lock:  # a checkpoint sees each group either in flight (in self.groups) or complete
+            for out in finished:
+                self.tokens_generated += len(out.tokens)
+                grp = self.groups.pop(out.request_id)
+                grp.pending.discard(out.request_id)
+                grp.outputs[out.request_id] = out
+                if not grp.pending:
+                    samples = [sample_from_output(o, self.task.reward(o.tokens, grp.item.gold)) for _, o in sorted(grp.outputs.items())]
                     self.buffer.complete(grp.ticket, Group(grp.item.prompt_id, samples))
-                done += 1
+                    done += 1
         return done
 
     def drain(self) -> None:

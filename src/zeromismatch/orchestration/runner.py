@@ -11,7 +11,8 @@ Schedules (cfg.rl):
   process holds its model, the Engine, the run-ahead buffer and the task, and on resume loads the
   checkpoint's weights directly.
 
-Checkpoints: every rl.checkpoint_every steps into the run dir; job.resume=<checkpoint.pt> continues.
+Checkpoints (checkpoint.py): every rl.checkpoint_every steps into the run dir; job.resume=<checkpoint.pt or
+run dir> continues the run in the same folder, async or lockstep, one process or two.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+from ..logging.run_dir import log_to_run_dir
 from ..model_init import initial_model, uses_sft_warm_start
 from ..sft import ensure_sft_checkpoint
 from ..tasks.registry import build_task
 from .build import build_rollout_worker, build_trainer, for_generation, generator_copy
-from .checkpoint import load_rl_checkpoint, restore_rng, trained_weights
+from .checkpoint import load_rl_checkpoint, restore_rng, restore_trainer, trained_weights
 from .controller import run_async, run_lockstep
 from .disaggregated import make_groups, run_trainer, serve_generator
 from .trainer_loop import TrainerLoop
@@ -66,17 +68,17 @@ def _run_in_process(cfg) -> dict:
     ckpt = load_rl_checkpoint(cfg.job.get("resume"))
     start = 0
     if ckpt:
-        trainer.load_state_dict(ckpt["trainer"])
+        restore_trainer(trainer, ckpt)
         start = ckpt["step"]
     worker = build_rollout_worker(cfg, generator_copy(model), task, version=trainer.version, resume=ckpt)
     if ckpt:
         restore_rng(ckpt)
     loop = TrainerLoop(cfg, trainer, task, start, generator_stats=worker.engine.throughput)
 
-    def after_step(step):  # step boundary: the buffer and data position are consistent under the lock
+    def after_step(step):  # step boundary: buffer, in-flight groups and data position agree under the lock
         if loop.checkpoint_due(step):
             with worker.lock:
-                loop.save(step, worker.buffer, worker.prompts_consumed)
+                loop.save(step, worker.state())
 
     loop.log_initial_validation()
     schedule = run_lockstep if cfg.rl.deterministic else run_async
@@ -92,15 +94,14 @@ def _trainer_role(cfg, groups) -> dict:
     ckpt = load_rl_checkpoint(cfg.job.get("resume"))
     start = 0
     if ckpt:
-        trainer.load_state_dict(ckpt["trainer"])
+        restore_trainer(trainer, ckpt)
         start = ckpt["step"]
         restore_rng(ckpt)
     loop = TrainerLoop(cfg, trainer, task, start)
 
     def after_step(step, generator_state):
         if loop.checkpoint_due(step):
-            state = generator_state()
-            loop.save(step, state["buffer"], state["prompts_consumed"])
+            loop.save(step, generator_state())
 
     loop.log_initial_validation()
     run_trainer(trainer, start, loop.steps, loop.on_step, generator_rank=1, groups=groups, after_step=after_step)
@@ -136,6 +137,7 @@ def _spawn_disaggregated(cfg) -> dict:
 def _role_process(rank: int, cfg_dict: dict, port: int, out: str) -> None:
     """Spawn entry point (importable in the child): one rank of a disaggregated run."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    log_to_run_dir(cfg_dict["logging"]["run_dir"])
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         cfg = OmegaConf.create(cfg_dict)

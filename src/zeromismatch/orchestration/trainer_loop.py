@@ -1,10 +1,15 @@
 """The trainer side of an RL run: one train step per batch, metrics to the logger, greedy held-out
 accuracy every rl.eval_every steps, checkpoints every rl.checkpoint_every steps, a summary at the end.
 The schedules (controller.py, disaggregated.py) call ``on_step``; what happens at a step does not depend on
-which schedule delivered the batch."""
+which schedule delivered the batch.
+
+Besides the metrics, each step appends to <run_dir>/batches.jsonl which groups it trained on (prompt ids, ages
+at consumption): the record that shows no group is lost or trained twice across a kill and a resume."""
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from pathlib import Path
 
@@ -12,7 +17,10 @@ from tqdm import tqdm
 
 from ..evaluation import VALIDATION_METRIC, evaluate
 from ..logging import MetricsLogger
-from .checkpoint import save_rl_checkpoint
+from .checkpoint import CHECKPOINT_NAME, save_rl_checkpoint
+
+log = logging.getLogger(__name__)
+BATCHES_NAME = "batches.jsonl"
 
 
 def validation(model, task, cfg) -> dict:
@@ -31,14 +39,15 @@ class TrainerLoop:
         self.generator_stats = generator_stats
         self.eval_every = int(cfg.rl.eval_every or 0)
         self.ckpt_every = int(cfg.rl.get("checkpoint_every", 0) or 0)
-        self.logger = MetricsLogger.from_cfg(cfg)
+        self.logger = MetricsLogger.from_cfg(cfg, resume_step=start if cfg.job.get("resume") else None)
+        self._batches = open(self.logger.run_dir / BATCHES_NAME, "a", encoding="utf-8")
         self.bar = tqdm(total=self.steps, initial=start, desc=f"rl {cfg.numerics.name} op{cfg.rl.offpolicy}", unit="step")
         self.history: list[dict] = []
         self._t_run = time.perf_counter()
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.logger.run_dir / "checkpoint.pt"
+        return self.logger.run_dir / CHECKPOINT_NAME
 
     def log_initial_validation(self) -> None:
         """The step-0 point of the held-out curve (fresh runs only)."""
@@ -57,6 +66,9 @@ class TrainerLoop:
         if self.eval_every and ((step + 1) % self.eval_every == 0 or step + 1 == self.steps):
             m.update(validation(self.trainer.model, self.task, self.cfg))
         self.logger.log(m, step=step)
+        ages = [step - g.min_admission_version for g in batch.groups]
+        self._batches.write(json.dumps({"step": step, "prompt_ids": [g.prompt_id for g in batch.groups], "ages": ages}) + "\n")
+        self._batches.flush()
         self.history.append({"step": step, **m})
         self.bar.update(1)
         self.bar.set_postfix(reward=f"{m['rollout_reward/avg_train_reward/mean']:.2f}",
@@ -65,9 +77,11 @@ class TrainerLoop:
     def checkpoint_due(self, step: int) -> bool:
         return bool(self.ckpt_every) and ((step + 1) % self.ckpt_every == 0 or step + 1 == self.steps)
 
-    def save(self, step: int, buffer, prompts_consumed: int) -> None:
-        """Checkpoint after ``step`` (steps done: step + 1)."""
-        save_rl_checkpoint(self.checkpoint_path, step + 1, self.trainer, buffer, prompts_consumed)
+    def save(self, step: int, generator_state: dict) -> None:
+        """Checkpoint after ``step`` (steps done: step + 1); ``generator_state``: RolloutWorker.state()."""
+        save_rl_checkpoint(self.checkpoint_path, step + 1, self.trainer, generator_state)
+        log.info("checkpoint after step %d: %s (%d groups in flight)", step, self.checkpoint_path,
+                 len(generator_state["in_flight"]))
 
     def finish(self) -> dict:
         """Close the logger, print the summary; the job's result."""
@@ -75,8 +89,9 @@ class TrainerLoop:
         summary = summarize(self.history, time.perf_counter() - self._t_run, self.logger)
         self.logger.summary(summary)
         self.logger.close()
+        self._batches.close()
         for k, v in summary.items():
-            print(f"{k}: {v}")
+            log.info("%s: %s", k, v)
         return {"history": self.history, "summary": summary, "run_dir": str(self.logger.run_dir)}
 
 

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..logging.metrics import JSONL_NAME, find_wandb_file, read_jsonl, read_wandb_offline, wandb_cli_available
+from ..logging.run_dir import STATUS_NAME, read_status
 
 SOURCES = ("jsonl", "wandb", "auto")
 # the order arms are listed, drawn and coloured in (other arms follow, alphabetically)
@@ -151,7 +152,20 @@ class Run:
 
 
 def _is_run_dir(p: Path) -> bool:
-    return (p / "config.json").is_file() or (p / JSONL_NAME).is_file() or any(p.glob("*.jsonl")) or (p / "wandb").is_dir()
+    return ((p / "config.json").is_file() or (p / JSONL_NAME).is_file() or any(p.glob("*.jsonl"))
+            or (p / "wandb").is_dir() or (p / STATUS_NAME).is_file())
+
+
+def _unusable_reason(p: Path) -> str | None:
+    """Why a run dir holds nothing to plot: it failed (status.json), or it stopped before its first metric."""
+    status = read_status(p)
+    if status is None:
+        return None
+    if status.get("status") == "failed":
+        return f"run {p} failed: {status.get('error', 'no error recorded')}"
+    if status.get("status") != "completed" and not any(p.glob("*.jsonl")) and find_wandb_file(p) is None:
+        return f"run {p} is {status.get('status')} and has no metrics"
+    return None
 
 
 def as_list(runs: Any) -> list:
@@ -163,7 +177,8 @@ def as_list(runs: Any) -> list:
 
 def find_run_dirs(runs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
     """Run directories from run dirs, glob patterns (`runs/*`, `runs/**/2026-*math*`) or a runs root (a
-    directory that is not itself a run: its run subdirectories). Files a glob matches are ignored.
+    directory that is not itself a run: its run subdirectories). Files a glob matches are ignored; runs that
+    failed or stopped before their first metric (status.json) are skipped with a warning.
     Raises PlotError when nothing is found, naming the patterns."""
     specs = [str(s) for s in as_list(runs)]
     if not specs:
@@ -191,6 +206,10 @@ def find_run_dirs(runs: str | os.PathLike | Iterable[str | os.PathLike]) -> list
             empty.append(spec)
     seen, out = set(), []
     for p in found:
+        reason = _unusable_reason(p)
+        if reason is not None:
+            warnings.warn(f"skipping {reason}")
+            continue
         r = p.resolve()
         if r not in seen:
             seen.add(r)

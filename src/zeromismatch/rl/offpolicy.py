@@ -176,6 +176,10 @@ class RunAheadBuffer:
         del self._in_flight[ticket]
         self._ready[ticket] = group
 
+    def untrained_groups(self) -> list[Group]:
+        """Complete groups not yet trained on (the partial batch, then those waiting): what a checkpoint keeps."""
+        return [*self._pending, *self._ready.values()]
+
     def abandon_in_flight(self) -> int:
         """Forget groups still generating (their rollouts were lost, e.g. an async run resumed from a
         checkpoint): free their slots so the generator can admit replacements. Returns how many."""
