@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAX_LINES = 500
-OPTIONAL_DEPENDENCIES = frozenset({"triton", "transformers", "vllm", "ray"})
+# wandb: imported only by a run that logs to W&B (its import is slow, and a failed import must leave the JSONL)
+OPTIONAL_DEPENDENCIES = frozenset({"triton", "transformers", "vllm", "ray", "wandb"})
 DEFAULT_PACKAGE = Path(__file__).resolve().parents[1] / "src" / "zeromismatch"
 
 

@@ -57,8 +57,6 @@ def test_no_module_over_500_lines(project):
         pytest.fail(cs.describe_long_modules(long, 500), pytrace=False)
 
 
-@pytest.mark.xfail(strict=False, reason="function-level imports of required dependencies and project modules "
-                   "remain in code that is being restructured; the failure lists each one")
 def test_function_level_imports_only_for_optional_dependencies(project):
     modules, imports, _ = project
     found = cs.function_level_imports(modules, imports)
