@@ -195,7 +195,7 @@ def test_experiment_composes(exp):
     assert cfg.task.name == FAMILY_TASK[family]
     assert cfg.job.name == "rl" and cfg.run_name == exp
     assert cfg.device == ("cpu" if tiny else "cuda")
-    if family in ("math", "math_moe") and not tiny:  # the published recipe (NOTES 1)
+    if family in ("math", "math_moe") and not tiny:  # the published recipe (conf/recipe/math.yaml)
         rl = cfg.rl
         assert (rl.prompts_per_step, rl.samples_per_prompt, rl.max_new_tokens) == (8, 16, 8192)
         assert (rl.loss, rl.clip_low, rl.clip_high, rl.temperature) == ("dapo", 0.2, 0.28, 1.0)

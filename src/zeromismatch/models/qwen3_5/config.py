@@ -239,7 +239,7 @@ def _tiny(**kw) -> Qwen35Config:
 
 
 PRESETS = {
-    # published dimensions (NOTES 2)
+    # published dimensions (the Qwen3.5-9B and 35B-A3B config.json files)
     "qwen3_5_9b": lambda: Qwen35Config(),
     "qwen3_5_35b_a3b": lambda: Qwen35Config(
         hidden_size=2048,
