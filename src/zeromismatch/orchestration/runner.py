@@ -61,15 +61,19 @@ def _start(cfg):
     return model
 
 
+def _trainer_from_checkpoint(cfg, model):
+    """(Trainer, the checkpoint job.resume names or None, the step to start from)."""
+    trainer = build_trainer(cfg, model)
+    ckpt = load_rl_checkpoint(cfg.job.get("resume"))
+    if ckpt:
+        restore_trainer(trainer, ckpt)
+    return trainer, ckpt, ckpt["step"] if ckpt else 0
+
+
 def _run_in_process(cfg) -> dict:
     model = _start(cfg)
     task = build_task(cfg, vocab_size=model.config.vocab_size)
-    trainer = build_trainer(cfg, model)
-    ckpt = load_rl_checkpoint(cfg.job.get("resume"))
-    start = 0
-    if ckpt:
-        restore_trainer(trainer, ckpt)
-        start = ckpt["step"]
+    trainer, ckpt, start = _trainer_from_checkpoint(cfg, model)
     worker = build_rollout_worker(cfg, generator_copy(model), task, version=trainer.version, resume=ckpt)
     if ckpt:
         restore_rng(ckpt)
@@ -90,12 +94,8 @@ def _trainer_role(cfg, groups) -> dict:
     model = _start(cfg)
     # the task serves only the held-out evaluation here: rollouts and rewards live with the generator
     task = build_task(cfg, vocab_size=model.config.vocab_size) if cfg.rl.eval_every else None
-    trainer = build_trainer(cfg, model)
-    ckpt = load_rl_checkpoint(cfg.job.get("resume"))
-    start = 0
+    trainer, ckpt, start = _trainer_from_checkpoint(cfg, model)
     if ckpt:
-        restore_trainer(trainer, ckpt)
-        start = ckpt["step"]
         restore_rng(ckpt)
     loop = TrainerLoop(cfg, trainer, task, start)
 

@@ -100,8 +100,9 @@ class GDNBackend:
     name: ClassVar[str]
 
     def cache_spec(self, heads: GDNHeads, device, dtype: torch.dtype) -> StateSpec:
-        """Per-slot state tensors `cached` needs on this device (dtype: the cache's activation dtype)."""
-        raise NotImplementedError
+        """Per-slot state tensors `cached` needs on this device (dtype: the cache's activation dtype); by
+        default the fp32 recurrent state alone."""
+        return ssm_spec(heads)
 
     def train(self, mixed, g, beta, heads: GDNHeads, layout: SeqLayout) -> torch.Tensor:
         raise NotImplementedError

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..varlen import SeqLayout
-from .base import GDNBackend, GDNHeads, GDNStateView, StateSpec, ssm_spec
+from .base import GDNBackend, GDNHeads, GDNStateView
 from .naive import chunk_final_states, chunk_fwd, chunk_output, recurrent_fwd, to_chunks
 from .recurrent import recurrent_cached
 
@@ -26,9 +26,6 @@ from .recurrent import recurrent_cached
 @dataclass(frozen=True)
 class ChunkGDN(GDNBackend):
     name = "chunk"
-
-    def cache_spec(self, heads: GDNHeads, device, dtype: torch.dtype) -> StateSpec:
-        return ssm_spec(heads)
 
     def train(self, mixed, g, beta, heads: GDNHeads, layout: SeqLayout) -> torch.Tensor:
         q, k, v, gg, bb = heads.prepare_packed(mixed, g, beta, layout)

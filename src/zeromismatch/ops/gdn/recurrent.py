@@ -20,7 +20,7 @@ import torch
 from ..device import on_gpu
 from ..varlen import SeqLayout, padded_index, to_padded
 from .autograd import chunked_backward
-from .base import GDNBackend, GDNHeads, GDNStateView, StateSpec, ssm_spec
+from .base import GDNBackend, GDNHeads, GDNStateView
 from .constants import CHUNK
 from .naive import chunk_fwd, chunk_output, prepare_qk, recurrent_fwd
 
@@ -85,9 +85,6 @@ def recurrent_cached(mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: G
 @dataclass(frozen=True)
 class RecurrentGDN(GDNBackend):
     name = "recurrent"
-
-    def cache_spec(self, heads: GDNHeads, device, dtype: torch.dtype) -> StateSpec:
-        return ssm_spec(heads)
 
     def train(self, mixed, g, beta, heads: GDNHeads, layout: SeqLayout) -> torch.Tensor:
         if on_gpu(mixed):
