@@ -173,7 +173,7 @@ TASK: dict[str, Group] = {  # conf/task/<name>.yaml, by task.name
                     "levels": list_of(integer(1, 4), optional=True)},
         "hub": {"train": STR, "train_split": STR, "eval": STR, "eval_split": STR},
         "prompt_template": Check(lambda v: isinstance(v, str) and "{problem}" in v, "a string containing {problem}"),
-        "reward": one_of("math_verify"), "reward_timeout_s": number(0, lo_open=True),
+        "reward": one_of("math_verify"), "reward_timeout_s": number(0, lo_open=True), "last_number_fallback": BOOL,
         "chat_template_kwargs": MAPPING, "tokenizer_cache": STR,
     },  # fmt: skip
     "toy": {"name": STR, "implemented": BOOL},

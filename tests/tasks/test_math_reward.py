@@ -3,8 +3,10 @@
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 
 from zeromismatch.tasks.math.prompts import extract_answer, last_boxed
 from zeromismatch.tasks.math.reward import MathVerifier, batch_reward, final_answer, math_reward
@@ -45,7 +47,8 @@ def test_extract_answer(text, expected):
 def test_final_answer_fallbacks():
     assert final_answer("so the result is \\boxed{\\frac{3}{4}} done") == "\\frac{3}{4}"
     assert final_answer("first \\boxed{1} then \\boxed{2}") == "2"
-    assert final_answer("we get 3, then 4.5 apples") == "4.5"
+    assert final_answer("we get 3, then 4.5 apples") is None  # no marker: no answer (the published verifier)
+    assert final_answer("we get 3, then 4.5 apples", last_number_fallback=True) == "4.5"
     assert final_answer("\\boxed{5}\nAnswer: 9") == "9"  # the Answer: line wins
     assert last_boxed("\\boxed{unterminated") is None
     assert final_answer("nothing here") is None
@@ -68,7 +71,6 @@ def test_final_answer_fallbacks():
         ("Answer: x = 5", "5"),
         ("Answer: \\boxed{12}", "12"),
         ("thus \\boxed{12}", "12"),
-        ("... = 12", "12"),
     ],
 )
 def test_correct(verifier, response, gold):
@@ -164,3 +166,28 @@ def test_batch_length_mismatch():
 def test_timeout_must_be_positive():
     with pytest.raises(ValueError, match="timeout_s"):
         MathVerifier(timeout_s=0)
+
+
+def test_unmarked_number_scores_zero_unless_the_fallback_is_on():
+    """The published verifier grades only a marked final answer: a number that merely appears in the work
+    earns nothing; the last-number fallback is an explicit, non-default option."""
+    assert math_reward("work mentions 34", "34") == 0.0
+    assert math_reward("work mentions 34\nAnswer: 34", "34") == 1.0
+    assert math_reward("work mentions 34 so \\boxed{34}", "34") == 1.0
+    assert math_reward("... = 12", "12") == 0.0
+    with MathVerifier(last_number_fallback=True) as loose:
+        assert loose.score("work mentions 34", "34") == 1.0
+        assert loose.score("... = 12", "12") == 1.0
+        assert loose.score("work mentions 34\nAnswer: 35", "34") == 0.0  # a marker still wins
+
+
+def test_math_task_reward_follows_config():
+    """cfg.task.last_number_fallback is off in conf/task/math.yaml and in every experiment."""
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    exps = sorted(p.stem for p in (conf / "exp").glob("*.yaml"))
+    assert exps
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        for exp in exps:
+            cfg = compose("config", overrides=[f"+exp={exp}"])
+            if cfg.task.name == "math":
+                assert cfg.task.last_number_fallback is False, exp

@@ -35,6 +35,7 @@ def build_trainer(cfg, model) -> Trainer:
         loss=loss_config(rl.loss, **loss_overrides(rl)),
         microbatch_tokens=int(tr.microbatch_tokens),
         normalize_adv_std=bool(rl.adv_std_norm),
+        drop_zero_spread=bool(rl.get("drop_uniform_groups", True)),
         staleness_split=bool(rl.get("staleness_split", True)),
         history=int(rl.offpolicy) + 2,
     )

@@ -69,8 +69,10 @@ def checkpoint_file(resume: str | Path) -> Path:
 
 
 def load_rl_checkpoint(resume: str | Path | None) -> dict | None:
-    """The checkpoint named by ``resume`` (None: a fresh run)."""
-    return torch.load(checkpoint_file(resume), weights_only=False) if resume else None
+    """The checkpoint named by ``resume`` (None: a fresh run), on the CPU: its weights and optimizer state are
+    copied into the run's model and optimizer wherever they live (load_state_dict), the RNG states must be
+    CPU tensors, and a run saved on a GPU resumes on any machine."""
+    return torch.load(checkpoint_file(resume), map_location="cpu", weights_only=False) if resume else None
 
 
 def restore_trainer(trainer, ckpt: dict) -> None:

@@ -14,14 +14,15 @@ from ..rl.types import Group, Sample, Turn
 
 
 def sample_from_output(out: GenerationOutput, reward: float) -> Sample:
-    """Single-turn rollout -> Sample (per-token fields aligned with prompt + response tokens)."""
+    """Single-turn rollout -> Sample (per-token fields aligned with prompt + response tokens). The generator's
+    logprobs live on its device; a Sample lives on the CPU (rl/types.py), so they are copied there (exact)."""
     p, n = len(out.prompt_ids), len(out.tokens)
     nan = torch.full((p,), float("nan"))
     return Sample(
         prompt_ids=out.prompt_ids,
         token_ids=out.all_tokens,
         loss_mask=[0] * p + [1] * n,
-        gen_logprobs=torch.cat([nan, out.logprob_tensor.float()]),
+        gen_logprobs=torch.cat([nan, out.logprob_tensor.float().cpu()]),
         gen_version=[-1] * p + list(out.versions),
         reward=reward,
         turns=[Turn(tuple(out.tokens), out.admission_version)],

@@ -5,6 +5,8 @@ Conventions (every per-token tensor of a Sample follows them):
   gen_logprobs[i] = log p_gen(token_ids[i] | token_ids[:i]). Entries of prompt and tool tokens
   are never read (loss_mask is 0 there); by convention they hold NaN (logprob) and -1 (version).
 - A weight version v is the trainer state after v optimizer steps; version 0 is the initial weights.
+- Samples live on the CPU whatever device generated them: they cross threads, processes (pickled over gloo)
+  and checkpoints, and the trainer moves what it computes with to its model's device.
 
 Validation is strict on purpose: a dtype silently changed or a mask that covers the prompt would
 show up later only as an unexplained logprob mismatch, which is exactly what this project measures.
@@ -38,7 +40,8 @@ class Turn:
 
 
 def _as_1d(x, dtype: torch.dtype, name: str) -> torch.Tensor:
-    """Lists are converted; tensors must already have `dtype` (integer/bool -> int64 is allowed: lossless).
+    """Lists are converted; tensors must already have `dtype` (integer/bool -> int64 is allowed: lossless)
+    and are copied to the CPU (exact) if they live elsewhere.
 
     A float64 tensor passed as gen_logprobs would be rounded to fp32 here without anyone noticing,
     so tensors of another dtype are refused instead of cast. Python floats from a generator are fp32
@@ -48,7 +51,7 @@ def _as_1d(x, dtype: torch.dtype, name: str) -> torch.Tensor:
         lossless = dtype == torch.int64 and (x.dtype == torch.bool or not x.dtype.is_floating_point)
         if x.dtype != dtype and not lossless:
             raise TypeError(f"{name} must be {dtype}, got {x.dtype}")
-        t = x.to(dtype)
+        t = x.to(device="cpu", dtype=dtype)
     else:
         t = torch.tensor(list(x), dtype=dtype)
     if t.dim() != 1:

@@ -50,6 +50,7 @@ class Trainer:
         loss: LossConfig,
         microbatch_tokens: int = 8192,
         normalize_adv_std: bool = False,
+        drop_zero_spread: bool = True,
         staleness_split: bool = True,
         history: int = 5,
         version: int = 0,
@@ -62,6 +63,7 @@ class Trainer:
         self.loss_cfg = loss
         self.microbatch_tokens = microbatch_tokens
         self.normalize_adv_std = normalize_adv_std
+        self.drop_zero_spread = drop_zero_spread  # all-correct / all-wrong groups leave the batch (the recipes)
         self.staleness_split = staleness_split
         self.version = version  # weights after `version` optimizer steps
         # weights of recent versions, to rescore tokens under the version that generated them
@@ -73,21 +75,25 @@ class Trainer:
     # ----------------------------------------------------------------------------------------- step
     def train_step(self, batch: Batch) -> dict[str, float]:
         t0 = time.perf_counter()
-        groups, advs, counts = compute_group_advantages(batch.groups, normalize_std=self.normalize_adv_std)
+        groups, advs, counts = compute_group_advantages(
+            batch.groups, normalize_std=self.normalize_adv_std, drop_zero_spread=self.drop_zero_spread)
         metrics: dict[str, float] = {f"train_batch/{k}": float(v) for k, v in counts.as_dict().items()}
         metrics.update({k: float(v) for k, v in batch.stats.items()})
         all_groups_rewards = torch.cat([g.rewards for g in batch.groups])
         metrics["rollout_reward/avg_train_reward/mean"] = float(all_groups_rewards.mean())
         samples = [s for g in groups for s in g.samples]
-        sample_adv = torch.cat(advs) if advs else torch.zeros(0)
         if not samples:
             metrics["train/skipped_no_signal"] = 1.0
             self.version += 1  # a step is still a step: versions stay aligned with the controller
             self._remember()
             return metrics
 
-        loss_mask = [s.loss_mask for s in samples]
-        gen_lp = [s.gen_logprobs for s in samples]
+        # Samples live on the CPU (rl/types.py); everything the loss and the metrics combine with the trainer's
+        # logprobs moves to the model's device once, here
+        device = self._device()
+        sample_adv = torch.cat(advs).to(device)
+        loss_mask = [s.loss_mask.to(device) for s in samples]
+        gen_lp = [s.gen_logprobs.to(device) for s in samples]
         # every rank holds the whole batch, so this is already the global count (no all-reduce needed)
         n_valid = count_valid_tokens(torch.cat(loss_mask), torch.cat(gen_lp)).to(torch.float64)
         rank, world = dp_rank_world(self.model)
@@ -156,7 +162,7 @@ class Trainer:
     # ----------------------------------------------------------------------------- staleness split
     @torch.no_grad()
     def _decompose(self, samples, t_cur, gen_all, mask_all) -> dict[str, float]:
-        versions = torch.cat([s.gen_version for s in samples])
+        versions = torch.cat([s.gen_version for s in samples]).to(mask_all.device)
         needed = set(torch.unique(versions[mask_all.bool()]).tolist())
         pre_step = self.version - 1  # t_cur was computed with the weights before this step's update
         by_version = {}
@@ -197,7 +203,10 @@ class Trainer:
         parts = [per_sample[i] for mb in local_mbs for i in mb]
         if parts:
             return torch.cat(parts)
-        return torch.zeros(0, dtype=torch.float32, device=next(self.model.parameters()).device)
+        return torch.zeros(0, dtype=torch.float32, device=self._device())
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     def _noop_microbatch(self, samples, world: int, backward: bool) -> None:
         """A rank with fewer microbatches than others still runs the forward (and backward) so that the FSDP
@@ -229,7 +238,8 @@ class Trainer:
         self.model.load_state_dict(sd["model"])
         self.opt.load_state_dict(sd["optimizer"])
         self.version = sd["version"]
-        self.history = OrderedDict(sorted(sd["history"].items()))
+        device = self._device()  # a checkpoint is loaded on the CPU (orchestration/checkpoint.py)
+        self.history = OrderedDict((v, {k: t.to(device) for k, t in w.items()}) for v, w in sorted(sd["history"].items()))
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A detached copy of the current (full) weights, for the generator. Under FSDP this is a collective

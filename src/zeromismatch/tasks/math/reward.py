@@ -1,7 +1,10 @@
 """Binary math reward: 1.0 when math-verify judges the final answer equal to the gold answer.
 
 Final answer = text after the last ``Answer:`` (the DAPO prompt asks for it); without one, the
-last ``\\boxed{}``; without that, the last number in the response.
+last ``\\boxed{}``; without either, none: the response scores 0, as in the published verifier, which
+grades only a marked final answer ("work mentions 34" with gold 34 scores 0). ``last_number_fallback``
+(cfg.task.last_number_fallback, off in every experiment) takes the last number of an unmarked response
+instead, a looser grader for diagnosing models that do not write the marker.
 
 Why a worker process. math-verify guards ``parse``/``verify`` with ``signal.alarm``, which only
 works on the main thread, and rollouts are scored from other threads. Disabling it
@@ -43,14 +46,14 @@ _BOXED_INT_RE = re.compile(r"\\boxed\{\s*([+-]?\d{1,%d})\s*\}" % MAX_DIGITS)
 _LONG_DIGITS_RE = re.compile(r"\d{%d}" % (MAX_DIGITS + 1))
 
 
-def final_answer(response: str | None) -> str | None:
+def final_answer(response: str | None, last_number_fallback: bool = False) -> str | None:
     """The answer a response commits to (see module doc), or None when it commits to nothing."""
     if not isinstance(response, str):
         return None
     answer = extract_answer(response)
     if answer is None:
         answer = last_boxed(response)
-    if answer is None:
+    if answer is None and last_number_fallback:
         answer = last_number(response)
     return answer or None
 
@@ -86,15 +89,18 @@ def _gold_text(gold) -> str | None:
 class MathVerifier:
     """Scores responses against gold answers; thread-safe; math-verify runs in a child process.
 
-    ``timeout_s`` bounds one comparison (a late one scores 0 and the child is replaced).
+    ``timeout_s`` bounds one comparison (a late one scores 0 and the child is replaced);
+    ``last_number_fallback`` grades an unmarked response by its last number (module doc).
     Use as a context manager or call ``close()``; the module-level helpers share one instance.
     Raises RuntimeError only if the child cannot start at all (math-verify not importable).
     """
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, startup_timeout_s: float = 120.0):
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, startup_timeout_s: float = 120.0,
+                 last_number_fallback: bool = False):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = timeout_s
+        self.last_number_fallback = last_number_fallback
         self.startup_timeout_s = startup_timeout_s
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
@@ -108,7 +114,7 @@ class MathVerifier:
     def score(self, response: str | None, gold) -> float:
         """1.0 or 0.0 (module doc); never raises on bad input."""
         gold_text = _gold_text(gold)
-        pred = final_answer(response)
+        pred = final_answer(response, self.last_number_fallback)
         if gold_text is None or pred is None:
             return 0.0
         if len(pred) > MAX_ANSWER_CHARS or _LONG_DIGITS_RE.search(pred):

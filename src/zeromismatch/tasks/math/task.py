@@ -163,7 +163,8 @@ class MathTask(Task):
         self._train_ids: dict[int, list[int]] = {}
         self._eval_items: list[PromptItem] | None = None
         self._stop = _stop_ids(tokenizer)
-        self._verifier = MathVerifier(timeout_s=float(cfg_get(cfg_task, "reward_timeout_s", 3.0)))
+        self._verifier = MathVerifier(timeout_s=float(cfg_get(cfg_task, "reward_timeout_s", 3.0)),
+                                      last_number_fallback=bool(cfg_get(cfg_task, "last_number_fallback", False)))
 
     # ----- Task protocol
 
