@@ -195,3 +195,9 @@ def test_load_checkpoint_names_the_file(tmp_path):
 def test_sizes_the_model_cannot_run_fail_when_built(kw, key):
     with pytest.raises(ValueError, match=key):
         get_preset("tiny", **kw)
+
+
+def test_preset_with_another_layer_count_repeats_its_pattern():
+    assert get_preset("tiny", num_hidden_layers=6).layer_types == ["linear_attention"] * 3 + ["full_attention"] + [
+        "linear_attention"
+    ] * 2

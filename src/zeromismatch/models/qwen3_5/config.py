@@ -264,4 +264,6 @@ def get_preset(name: str, **overrides) -> Qwen35Config:
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
     cfg = PRESETS[name]()
+    if "num_hidden_layers" in overrides and "layer_types" not in overrides:
+        overrides["layer_types"] = []  # the preset's pattern for the new layer count
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
