@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import time
 import warnings
@@ -22,7 +21,7 @@ import torch
 from ..config import config_hash, file_sha256, model_overrides
 from ..evaluation import evaluate
 from ..models.qwen3_5 import build_model, load_checkpoint, save_checkpoint
-from ..tasks.base import locked
+from ..tasks.base import locked, publish_dir
 from ..tasks.math.task import TOKENIZER_FILES, ensure_offline_math, get_tokenizer, tokenizer_fingerprint
 from ..tasks.registry import build_task
 from .data import SFTBatches, load_sft_records
@@ -99,35 +98,6 @@ def sft_key(cfg, s: SFTSettings, tokenizer, data_path: Path) -> dict:
     }
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _publish(out: Path, write: Callable[[Path], None]) -> None:
-    """Make ``out`` appear whole or not at all: ``write(tmp)`` into a fresh directory beside it, fsync its
-    files and itself, rename it to ``out``, fsync the parent (so the rename survives a crash). Call it holding
-    ``out``'s lock; temporary directories of ``out`` left by killed writers are removed first."""
-    for stale in out.parent.glob(f".{out.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    tmp.mkdir()
-    try:
-        write(tmp)
-        for f in tmp.iterdir():
-            _fsync(f)
-        _fsync(tmp)
-        shutil.rmtree(out, ignore_errors=True)  # not an entry: _complete(out) was false under the lock
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _fsync(out.parent)
-
-
 def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | None = None) -> SFTResult:
     """The SFT checkpoint of this config: from the cache, or trained, measured and stored. With ``load`` the
     result carries the model (stock numerics, fp32): the trained one on a miss, the stored one on a hit."""
@@ -202,7 +172,7 @@ def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | Non
                     shutil.copy2(src / f, tmp / f)
             (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
-        _publish(out, write)
+        publish_dir(out, write)
     tr, ho = measured["train_reward"], measured["heldout"]
     if not REWARD_RANGE[0] <= tr["accuracy"] <= REWARD_RANGE[1]:
         warnings.warn(

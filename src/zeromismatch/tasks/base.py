@@ -21,11 +21,12 @@ import contextlib
 import fcntl
 import os
 import random
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -115,3 +116,32 @@ def locked(path: str | os.PathLike):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_dir(out: Path, write: Callable[[Path], None]) -> None:
+    """Make the cache entry ``out`` appear whole or not at all: ``write(tmp)`` into a fresh directory beside it,
+    fsync its files and itself, rename it to ``out``, fsync the parent (so the rename survives a crash). Call it
+    holding ``out``'s lock; temporary directories of ``out`` left by killed writers are removed first."""
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        write(tmp)
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+        shutil.rmtree(out, ignore_errors=True)  # an incomplete entry (the caller checked under the lock)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync(out.parent)

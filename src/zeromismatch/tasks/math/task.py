@@ -35,7 +35,7 @@ import zeromismatch.tasks.math.offline as offline_module
 from zeromismatch.config import cfg_get, to_plain
 from zeromismatch.errors import InputFileError, MissingFileError, parse_json, read_json
 from zeromismatch.models.qwen3_5 import get_preset
-from zeromismatch.tasks.base import PromptItem, Task, cycle_shuffled, locked
+from zeromismatch.tasks.base import PromptItem, Task, cycle_shuffled, locked, publish_dir
 from zeromismatch.tasks.math.data import load_aime2025, load_dapo_math
 from zeromismatch.tasks.math.offline import HELDOUT_SIZE, offline_math_splits, tokenizer_corpus, write_offline_math
 from zeromismatch.tasks.math.prompts import render_prompt, strip_dapo_template
@@ -287,11 +287,7 @@ def tiny_tokenizer(cfg_task: Any, vocab_size: int):
     if not all((out / f).is_file() for f in TOKENIZER_FILES):
         with locked(out):
             if not all((out / f).is_file() for f in TOKENIZER_FILES):
-                tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-                shutil.rmtree(tmp, ignore_errors=True)
-                train_tokenizer(corpus, vocab_size, tmp)
-                shutil.rmtree(out, ignore_errors=True)
-                os.replace(tmp, out)
+                publish_dir(out, lambda tmp: train_tokenizer(corpus, vocab_size, tmp))
     return load_tokenizer(out)
 
 
