@@ -52,8 +52,7 @@ def run(args, name, keys, fn):
 def sweep_row(key):
     draw, mode = key.rsplit(":", 1)
     cfg, work = sweep.draw(int(draw))
-    model = build_model(cfg, mode, seed=1).to(device=DEV, dtype=torch.bfloat16).eval()
-    res = check_parity(model, work["prompts"], work["params"], **sweep.engine_schedule(work))
+    res = sweep.check_draw(cfg, work, mode, device=DEV, dtype=torch.bfloat16)
     return dict(res.stats, config=repr(cfg), prompt_lengths=[len(p) for p in work["prompts"]], bitwise=res.bitwise)
 
 

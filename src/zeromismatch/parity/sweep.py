@@ -12,8 +12,8 @@ import dataclasses
 import random
 
 from ..generator import SamplingParams
-from ..models.qwen3_5 import Qwen35Config
-from .check import random_prompts
+from ..models.qwen3_5 import Qwen35Config, build_model
+from .check import ParityCheck, check_parity, random_prompts
 
 BOUNDARY_LENGTHS = (1, 2, 63, 64, 65, 127, 128, 129)  # block (and GDN chunk) size 64
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
@@ -80,9 +80,12 @@ def draw_workload(rng: random.Random, vocab: int) -> dict:
 
 
 
-def engine_schedule(work: dict) -> dict:
-    """The workload's engine settings as keyword arguments of parity.check_parity / generate."""
-    return {k: work[k] for k in ("max_slots", "max_batched_tokens", "order", "arrivals", "prefix_caching")}
+def check_draw(cfg: Qwen35Config, work: dict, mode: str, device="cpu", dtype=None) -> ParityCheck:
+    """check_parity for one draw in one numerics mode: the draw's model (seed 1) on ``device`` / ``dtype``, its
+    prompts, params and engine settings (the workload's weight swap and thread counts are not applied)."""
+    model = build_model(cfg, mode, seed=1).to(device=device, dtype=dtype).eval()
+    schedule = {k: work[k] for k in ("max_slots", "max_batched_tokens", "order", "arrivals", "prefix_caching")}
+    return check_parity(model, work["prompts"], work["params"], **schedule)
 
 
 def draw(index: int, seed: int = 0) -> tuple[Qwen35Config, dict]:
