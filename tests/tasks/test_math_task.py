@@ -93,8 +93,12 @@ def test_protocol(task, tok):
     assert set(task.stop_token_ids) == {tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(ENDOFTEXT)}
     assert tok.eos_token_id in task.stop_token_ids
     item = next(task.train_prompts())
-    with pytest.raises(NotImplementedError, match="single-turn"):
-        task.next_turn(item, item.prompt_ids, [1, 2], 0)
+    # the default episode is single-turn: done after the first model turn, scored by task.reward on it
+    ep = task.start_episode(item, 0)
+    answer = tok.encode("Answer: " + item.gold, add_special_tokens=False)
+    assert ep.step(answer, "stop").done
+    assert ep.reward() == task.reward(answer, item.gold) == 1.0
+    ep.close()
 
 
 def test_prompt_order_deterministic_and_reshuffled(cfg, tok, task):

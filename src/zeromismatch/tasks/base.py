@@ -7,9 +7,13 @@
     r = task.reward(response_ids, item.gold)  # float, never raises
     evals = task.eval_prompts()               # fixed list (30 for math)
 
-Single-turn tasks (math) end after one generation: ``max_turns == 1``. Multi-turn tasks (search, agent)
-set ``max_turns > 1`` and implement ``next_turn``: after each generation the RL job asks the task what
-to append (tool output, masked from the loss) or whether the episode is over.
+One rollout is an ``Episode`` (``task.start_episode(item, sample_index)``): after each model turn the rollout
+worker calls ``episode.step(response_ids, finish_reason)``, which answers tokens to append (a tool's output,
+masked from the loss and from the mismatch metrics) or ``done``; once done, ``episode.reward()`` scores the
+whole rollout and ``episode.close()`` frees what it holds (a sandbox). Single-turn tasks (math) keep the
+default episode: done after the first turn, scored by ``Task.reward``. ``step`` may block (a retriever call,
+a shell command): the worker runs it off the engine thread. It raises ``ToolError`` for an infrastructure
+failure (a dead retriever): the run stops with that message instead of scoring the rollout 0.
 
 Also here: ``cycle_shuffled`` (the epoch order every task uses) and ``locked`` (one builder per cache
 entry across processes, for the data, tokenizer and SFT caches).
@@ -38,11 +42,37 @@ class PromptItem:
 
 @dataclass(frozen=True)
 class TurnResult:
-    """What a multi-turn task answers after a generation: tokens to append (a tool's output, masked from
-    the loss) before generating again, or ``done`` (then ``append_ids`` is empty)."""
+    """What an episode answers after a model turn: tokens to append (a tool's output, masked from the loss)
+    before generating again, or ``done`` (then ``append_ids`` is empty)."""
 
     append_ids: list[int] = field(default_factory=list)
     done: bool = False
+
+
+class ToolError(RuntimeError):
+    """An environment's infrastructure failed (retriever unreachable, sandbox could not start): not the
+    policy's fault, so the rollout must not be scored. The message names what failed (URL, request)."""
+
+
+class Episode:
+    """One rollout's environment: the default is single-turn (done after the first model turn, scored by the
+    task's ``reward`` on that turn's tokens). Multi-turn tasks subclass it."""
+
+    def __init__(self, task: "Task", item: PromptItem):
+        self.task, self.item = task, item
+        self.responses: list[list[int]] = []  # model turns so far
+
+    def step(self, response_ids: Sequence[int], finish_reason: str | None) -> TurnResult:
+        """Called after each model turn (``finish_reason`` 'stop' or 'length'); may block."""
+        self.responses.append(list(response_ids))
+        return TurnResult(done=True)
+
+    def reward(self) -> float:
+        """The rollout's reward once ``step`` answered done. Never raises for the policy's output."""
+        return self.task.reward(self.responses[-1] if self.responses else [], self.item.gold)
+
+    def close(self) -> None:
+        """Free what the episode holds; called once, also when the run fails."""
 
 
 class Task(ABC):
@@ -70,14 +100,10 @@ class Task(ABC):
     def reward(self, response_ids: Sequence[int], gold: Any) -> float:
         """Score one response (generated token ids, stop token included or not). Never raises."""
 
-    def next_turn(self, item: PromptItem, token_ids: Sequence[int], response_ids: Sequence[int], turn: int) -> TurnResult:
-        """Multi-turn hook: called after generation ``turn`` (0-based) with every token so far (``token_ids``:
-        prompt, responses and earlier tool outputs) and this turn's ``response_ids``. Single-turn tasks
-        never get here: the RL job stops after one turn when ``max_turns == 1``."""
-        raise NotImplementedError(
-            f"task {self.name!r} is single-turn (max_turns={self.max_turns}): it has no next_turn; "
-            "the episode ends after the first generation. Multi-turn tasks (search, agent) override next_turn."
-        )
+    def start_episode(self, item: PromptItem, sample_index: int) -> Episode:
+        """A fresh episode for sample ``sample_index`` of ``item``'s group. Multi-turn tasks (``max_turns > 1``)
+        return their own Episode subclass."""
+        return Episode(self, item)
 
     def close(self) -> None:
         """Release resources (reward worker processes, tool sandboxes)."""
