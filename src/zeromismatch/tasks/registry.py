@@ -2,6 +2,8 @@
 
     task = build_task(cfg)                                  # math: MathTask over get_tokenizer(cfg)
     task = build_task(cfg, vocab_size=model.config.vocab_size)   # toy: random tokens of that vocabulary
+    tok = get_tokenizer(cfg)                                # the run's tokenizer (the task's tiny BPE on tiny presets)
+    prepare_task_data(cfg)                                  # the task's offline data (SFT file included), written once
 """
 
 from __future__ import annotations
@@ -10,8 +12,27 @@ from typing import Any
 
 from ..config import cfg_get
 from .base import Task
-from .math.task import MathTask, get_tokenizer, model_vocab_size
+from .math.task import MathTask, ensure_offline_math, model_vocab_size
+from .math.task import get_tokenizer as math_tokenizer
 from .toy import ToyTask
+
+TOKENIZERS = {"math": math_tokenizer, "toy": math_tokenizer}  # toy draws random ids: any tokenizer will do
+
+
+def get_tokenizer(cfg: Any):
+    """The tokenizer of cfg.task.name's task (model.tokenizer / the checkpoint's / the task's tiny BPE)."""
+    name = cfg_get(cfg_get(cfg, "task"), "name")
+    if name not in TOKENIZERS:
+        raise NotImplementedError(f"task {name!r} has no tokenizer (tasks: {', '.join(TOKENIZERS)})")
+    return TOKENIZERS[name](cfg)
+
+
+def prepare_task_data(cfg: Any) -> None:
+    """Write the task's offline data (train / held-out / SFT files) when the config uses it and it is missing."""
+    task_cfg = cfg_get(cfg, "task")
+    name = cfg_get(task_cfg, "name")
+    if name == "math" and cfg_get(task_cfg, "offline"):
+        ensure_offline_math(task_cfg)
 
 
 def build_task(cfg: Any, tokenizer=None, *, seed: int | None = None, vocab_size: int | None = None) -> Task:
