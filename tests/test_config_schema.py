@@ -64,7 +64,17 @@ def test_every_experiment_validates(exp, tmp_path):
     validate_config(cfg)
     if exp.startswith("tiny_"):
         check_runnable(cfg, cuda_available=False)
-    elif exp.startswith(("search_", "agent_")):
+    elif exp.startswith("search_"):  # local weights and data, each named when absent
+        with pytest.raises(MissingFileError, match=r"^file not found: data/search_r1/train.parquet \(task.files.train\)"):
+            check_runnable(cfg, cuda_available=True)
+        files = {k: tmp_path / f"{k}.x" for k in ("train", "eval", "corpus")}
+        for f in files.values():
+            f.write_text("")
+        over = [f"task.files.{k}={v}" for k, v in files.items()]
+        with pytest.raises(MissingFileError, match=r"^file not found: checkpoints/qwen3_5_9b \(model.checkpoint"):
+            check_runnable(_compose(f"+exp={exp}", *over), cuda_available=True)
+        check_runnable(_compose(f"+exp={exp}", *over, f"model.checkpoint={tmp_path}"), cuda_available=True)
+    elif exp.startswith("agent_"):
         task = cfg.task.name
         for cuda in (False, True):
             with pytest.raises(ConfigError, match=rf"^task={task} is not implemented yet: conf/task/{task}.yaml"):
@@ -133,8 +143,13 @@ def test_what_this_machine_cannot_run():
     assert cuda.startswith("device=cuda: this machine has no CUDA device (torch ") and cuda.endswith("; use device=cpu")
     assert _error("model=qwen3_5_9b") == "model=qwen3_5_9b needs a GPU (device=cuda); on this CPU use model=tiny, tiny_moe or qwen3_5_mid"
     assert _error("generator=vllm") == "generator=vllm is not implemented yet (conf/generator/vllm.yaml); use generator=embedded"
-    assert _error("task=search").startswith("task=search is not implemented yet")
-    check_config(_compose("task=search", "job=smoke"), cuda_available=False)  # smoke reads no task
+    assert _error("task=agent").startswith("task=agent is not implemented yet")
+    check_config(_compose("task=agent", "job=smoke"), cuda_available=False)  # smoke reads no task
+    check_config(_compose("task=search"), cuda_available=False)
+    assert _error("task=search", "task.source=files", "task.files.train=/x.parquet", "task.files.eval=/y.parquet") == (
+        "task.files.corpus=null and task.retriever.url=null: give a corpus JSONL to serve or a running retriever's URL "
+        "(conf/task/search.yaml)"
+    )
     with pytest.raises(MissingFileError, match=r"^file not found: /no/such/dir \(model.checkpoint"):
         check_config(_compose("model.checkpoint=/no/such/dir"), cuda_available=False)
 

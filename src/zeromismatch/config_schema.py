@@ -38,6 +38,7 @@ from .ops.gdn.constants import CHUNK_DECODE_KERNELS
 from .ops.linear.policy import GEMM_POLICIES
 from .plots.figures import FIGURES
 from .rl.losses import PRESETS as LOSSES
+from .tasks.search.format import FORMATS as SEARCH_FORMATS
 
 __all__ = ["SCHEMA", "check_config", "check_runnable", "hydra_error_line", "resolve_config", "validate_config"]
 
@@ -121,7 +122,8 @@ POSITIVE_INT = integer(1)
 COUNT = integer(0)  # 0 = off / never where the yaml says so
 
 JOB: dict[str, Group] = {  # conf/job/<name>.yaml, by job.name
-    "rl": {"name": STR, "resume": OPT_STR},
+    "rl": {"name": STR, "resume": OPT_STR,
+           "sft": optional_key(MAPPING)},  # SFT warm-start knobs (conf/job/sft.yaml keys) of this run
     "sft": {
         "name": STR, "data": STR, "steps": POSITIVE_INT, "batch_size": POSITIVE_INT, "max_seq_len": POSITIVE_INT,
         "lr": number(0, lo_open=True), "eval_every": COUNT, "save_to": OPT_STR,
@@ -149,6 +151,7 @@ JOB: dict[str, Group] = {  # conf/job/<name>.yaml, by job.name
         "ema": number(0, 1, hi_open=True), "mismatch_ema": number(0, 1, hi_open=True),
         "formats": list_of(one_of("png", "pdf", "svg")), "dpi": POSITIVE_INT, "jobs": list_of(STR), "strict": BOOL,
     },  # fmt: skip
+    "retriever": {"name": STR, "port": integer(0, 65535), "corpus": OPT_STR, "topk": integer(1, 100), "index_cache": STR},
     "smoke": {"name": STR, "steps": POSITIVE_INT, "batch_size": POSITIVE_INT, "seq_len": POSITIVE_INT,
               "lr": number(0, lo_open=True)},  # fmt: skip
 }
@@ -178,8 +181,19 @@ TASK: dict[str, Group] = {  # conf/task/<name>.yaml, by task.name
     },  # fmt: skip
     "toy": {"name": STR, "implemented": BOOL},
     "search": {
-        **_NOT_IMPLEMENTED_TASK, "retriever": {"url": STR, "topk": POSITIVE_INT}, "max_turns": POSITIVE_INT,
-        "max_tokens_per_turn": POSITIVE_INT, "reward": STR, "mask_tool_tokens": BOOL, "data": ANY,
+        "name": STR, "implemented": BOOL, "source": one_of("offline", "files"), "format": one_of(*SEARCH_FORMATS),
+        "prompt_template": _optional(Check(lambda v: isinstance(v, str) and "{question}" in v, "a string containing {question}"), True),
+        "offline": {"dir": STR, "n_people": integer(2), "n_heldout": POSITIVE_INT, "seed": COUNT, "corpus": STR,
+                    "train": STR, "eval": STR, "sft": STR, "levels": list_of(integer(1, 2), optional=True)},
+        "files": {"train": OPT_STR, "eval": OPT_STR, "corpus": OPT_STR, "data_source": OPT_STR,
+                  "n_eval": integer(1, optional=True)},
+        "retriever": {"url": _optional(Check(lambda v: isinstance(v, str) and v.startswith(("http://", "https://")),
+                                             "an http(s):// URL"), True),
+                      "topk": integer(1, 100), "index_cache": STR, "timeout_s": number(0, lo_open=True),
+                      "retries": COUNT, "startup_timeout_s": number(0, lo_open=True), "max_restarts": COUNT},
+        "max_turns": POSITIVE_INT, "max_tokens_per_turn": POSITIVE_INT, "max_tool_tokens": POSITIVE_INT,
+        "reward": one_of("exact_match"),
+        "mask_tool_tokens": BOOL, "chat_template_kwargs": MAPPING, "tokenizer_cache": STR,
     },  # fmt: skip
     "agent": {
         **_NOT_IMPLEMENTED_TASK, "sandbox": STR, "max_turns": POSITIVE_INT, "max_context_tokens": POSITIVE_INT,
@@ -313,13 +327,15 @@ def check_runnable(cfg: Any, cuda_available: bool | None = None) -> None:
         if not task.get("implemented", True):
             raise ConfigError(
                 f"task={task.name} is not implemented yet: conf/task/{task.name}.yaml records the published recipe "
-                "only (no task code, data or reward in the repo); implemented tasks: math, toy"
+                "only (no task code, data or reward in the repo); implemented tasks: math, search, toy"
             )
         if not cfg.generator.get("implemented", True):
             raise ConfigError(
                 f"generator={cfg.generator.backend} is not implemented yet (conf/generator/{cfg.generator.backend}.yaml); "
                 "use generator=embedded"
             )
+    if job in TASK_JOBS and task.name == "search" and task.get("source") == "files":
+        _check_search_files(task)
     if job == "plot":
         return
     cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
@@ -342,6 +358,20 @@ def check_runnable(cfg: Any, cuda_available: bool | None = None) -> None:
             f"model={model.preset} has no weights: set model.checkpoint=<local Hugging Face checkpoint dir> "
             "(random init of a published-size model is not a run; weights cannot be downloaded here)"
         )
+
+
+def _check_search_files(task: Any) -> None:
+    """task.source=files: the Search-R1 parquet files (and the corpus a managed retriever serves) exist."""
+    for key in ("train", "eval"):
+        if not task.files.get(key):
+            raise ConfigError(f"task.files.{key}=null: task.source=files needs a local Search-R1 parquet (conf/task/search.yaml)")
+    if not task.retriever.get("url") and not task.files.get("corpus"):
+        raise ConfigError("task.files.corpus=null and task.retriever.url=null: give a corpus JSONL to serve or a running "
+                          "retriever's URL (conf/task/search.yaml)")  # fmt: skip
+    for key in ("train", "eval", "corpus"):
+        path = task.files.get(key)
+        if path and not Path(path).is_file():
+            raise MissingFileError(f"file not found: {path} (task.files.{key})")
 
 
 def resolve_config(cfg: DictConfig) -> None:

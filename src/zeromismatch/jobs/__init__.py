@@ -21,6 +21,7 @@ JOBS: dict[str, str] = {
     "bench": "zeromismatch.jobs.bench:main",
     "plot": "zeromismatch.jobs.plot:main",
     "smoke": "zeromismatch.jobs.smoke:main",
+    "retriever": "zeromismatch.jobs.retriever:main",
 }
 
 JobFn = Callable[[Any], dict]

@@ -22,7 +22,7 @@ from ..config import config_hash, file_sha256, model_overrides
 from ..evaluation import evaluate
 from ..models.qwen3_5 import build_model, load_checkpoint, save_checkpoint
 from ..tasks.base import locked, publish_dir
-from ..tasks.registry import build_task, get_tokenizer, prepare_task_data
+from ..tasks.registry import build_task, get_tokenizer, prepare_task_data, sft_render_key
 from ..tasks.tokenizer import TOKENIZER_FILES, tokenizer_fingerprint
 from .data import SFTBatches, load_sft_records
 from .settings import SFTSettings, settings_from_cfg, sft_job_config
@@ -86,7 +86,7 @@ def sft_key(cfg, s: SFTSettings, tokenizer, data_path: Path) -> dict:
     platform. The run's own numerics are not in it: SFT trains under SFT_NUMERICS whatever they are, so bi,
     bi_chunk and stock runs share one checkpoint. Where it is stored (job.cache_dir), the time guard and the
     measurement settings are not in it either."""
-    return {
+    key = {
         "version": SFT_VERSION,
         "model": {"preset": cfg.model.preset, "overrides": model_overrides(cfg)},
         "data_sha256": file_sha256(data_path),
@@ -96,6 +96,10 @@ def sft_key(cfg, s: SFTSettings, tokenizer, data_path: Path) -> dict:
         "numerics": {"mode": SFT_NUMERICS, "dtype": str(SFT_DTYPE).removeprefix("torch.")},
         "platform": _platform(torch.device(cfg.get("device", "cpu"))),
     }
+    render = sft_render_key(cfg)
+    if render:  # absent for math, whose records hold the whole prompt: its keys stay what they were
+        key["render"] = render
+    return key
 
 
 def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | None = None) -> SFTResult:

@@ -38,7 +38,7 @@ from typing import Any, Callable
 class PromptItem:
     prompt_id: int  # position in the task's train (or eval) list: stable across epochs and runs
     prompt_ids: list[int] = field(repr=False)  # chat-formatted prompt, generation header included
-    gold: str  # what ``Task.reward`` compares against (the gold answer for math)
+    gold: Any  # what ``Task.reward`` compares against (math: the gold answer; search: the gold answers)
 
 
 @dataclass(frozen=True)

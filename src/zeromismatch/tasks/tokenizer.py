@@ -117,6 +117,17 @@ def _with_markup(texts: Iterable[str]):
     yield from texts
 
 
+def render_chat(tokenizer, content: str, **template_kwargs) -> list[int]:
+    """Token ids of a chat-formatted user turn ``content`` plus the assistant header (generation prompt).
+    ``template_kwargs`` reach the chat template (e.g. ``enable_thinking=False`` for Qwen3.5)."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True, **template_kwargs
+    )
+    # The template already holds every special token; add_special_tokens=False keeps the
+    # tokenizer from adding a BOS of its own (Qwen has none, other families do).
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 def load_tokenizer(path: str | os.PathLike):
     """A tokenizer from a local directory (ours, or a real Qwen3.5 checkpoint); never the hub."""
     # a required dependency, imported here because it costs ~0.6 s: the math-verify worker process imports

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from zeromismatch.tasks.tokenizer import render_chat
+
 # Exact wrapper text of DAPO-Math-17k (verl parquet), so that prompts we render for our own data
 # are token-for-token the prompts the published runs trained on, and so the loader can strip it.
 DAPO_PREFIX = (
@@ -105,11 +107,4 @@ def render_prompt(
     when ``problem_text`` is already the full user message. ``template_kwargs`` reach the chat
     template (e.g. ``enable_thinking=False`` for Qwen3.5).
     """
-    content = dapo_prompt(problem_text) if dapo_template else problem_text
-    messages = [{"role": "user", "content": content}]
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **template_kwargs
-    )
-    # The template already holds every special token; add_special_tokens=False keeps the
-    # tokenizer from adding a BOS of its own (Qwen has none, other families do).
-    return tokenizer.encode(text, add_special_tokens=False)
+    return render_chat(tokenizer, dapo_prompt(problem_text) if dapo_template else problem_text, **template_kwargs)
