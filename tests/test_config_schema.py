@@ -165,7 +165,7 @@ def test_interpolation_error_names_the_key():
     "override, message",
     [
         ("rl.foo=1", "rl.foo: unknown key; Could not override 'rl.foo'; To append to your config use +rl.foo=1"),
-        ("job=nope", "Could not find 'job/nope'; Available options in 'job': bench, eval, parity, plot, rl, sft, smoke"),
+        ("job=nope", "Could not find 'job/nope'; Available options in 'job': bench, eval, parity, plot, retriever, rl, sft, smoke"),
         ("rl.steps=[", "no viable alternative at input '['"),
     ],
 )
@@ -194,7 +194,8 @@ def _run(cwd: Path, *args: str, debug: bool = False) -> tuple[subprocess.Complet
     [
         (["rl.steps=abc"], "error: rl.steps='abc': expected an integer >= 1 (conf/rl/default.yaml)"),
         (["rl.offpolicy=-3"], "error: rl.offpolicy=-3: expected an integer >= 0 (conf/rl/default.yaml)"),
-        (["+exp=search_op4_bi"], "error: task=search is not implemented yet: conf/task/search.yaml records the published recipe only"),
+        (["+exp=agent_op4_bi"], "error: task=agent is not implemented yet: conf/task/agent.yaml records the published recipe only"),
+        (["+exp=search_op4_bi"], "error: file not found: data/search_r1/train.parquet (task.files.train)"),
         (["rl.foo=1"], "error: rl.foo: unknown key; Could not override 'rl.foo'; To append to your config use +rl.foo=1"),
     ],
 )
