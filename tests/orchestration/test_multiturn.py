@@ -6,6 +6,7 @@ truncation by the turn limit and the context cap (reward 0), ToolError and closi
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ from zeromismatch.rl.losses import loss_config
 from zeromismatch.rl.metrics import mismatch_metrics
 from zeromismatch.rl.offpolicy import Batch, RunAheadBuffer, age
 from zeromismatch.rl.types import Group
-from zeromismatch.tasks.toy_multiturn import ToyMultiTurnTask, tool_output
+from zeromismatch.tasks.base import TurnResult
+from zeromismatch.tasks.toy_multiturn import ToyEpisode, ToyMultiTurnTask, tool_output
 from zeromismatch.trainer.trainer import Trainer, aligned_logprobs
 
 VOCAB = 2048
@@ -195,3 +197,47 @@ def test_loss_and_metrics_ignore_tool_tokens(tiny_models):
     (m_a, w_a), (m_b, w_b) = train(samples), train(garbage)
     assert m_a == m_b and m_a["bit_wise/logprob_diff/abs_mean"] == 0.0
     assert all(torch.equal(w_a[k], w_b[k]) for k in w_a)
+
+
+# ------------------------------------------------------------------------------------- concurrency
+class _BlockingTask(ToyMultiTurnTask):
+    """Sample 0's tool call blocks until every other episode has finished: they can only finish if the engine
+    keeps decoding while that tool runs."""
+
+    def __init__(self, n_others):
+        super().__init__(VOCAB, seed=0)
+        self.n_others, self.finished, self.lock = n_others, 0, threading.Lock()
+        self.others_done = threading.Event()
+
+    def start_episode(self, item, sample_index):
+        with self._lock:
+            self.live_episodes += 1
+        return _BlockingEpisode(self, item, sample_index)
+
+
+class _BlockingEpisode(ToyEpisode):
+    def __init__(self, task, item, j):
+        super().__init__(task, item)
+        self.j = j
+
+    def step(self, response_ids, finish_reason):
+        self.responses.append(list(response_ids))
+        if self.j == 0 and len(self.responses) == 1:
+            assert self.task.others_done.wait(timeout=60), "the engine did not decode while a tool ran"
+            return TurnResult([1, 2, 3])
+        return TurnResult(done=True)
+
+    def close(self):
+        super().close()
+        if self.j != 0:
+            with self.task.lock:
+                self.task.finished += 1
+                if self.task.finished == self.task.n_others:
+                    self.task.others_done.set()
+
+
+def test_other_sequences_decode_while_a_tool_runs(tiny_models):
+    task = _BlockingTask(n_others=3)
+    worker = make_worker(tiny_models("tiny", "bi"), task, g=4, prompts=1)
+    samples = samples_of(run_groups(worker))
+    assert [len(s.turns) for s in samples] == [2, 1, 1, 1] and task.live_episodes == 0
