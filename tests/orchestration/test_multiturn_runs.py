@@ -136,12 +136,15 @@ def test_tool_error_stops_the_disaggregated_run(tmp_path):
         rl_job.main(cfg)
 
 
-def test_async_job_multiturn_bi_step0_exact(tmp_path):
+def test_async_job_multiturn_bi_step0_exact(tmp_path, built_tasks):
+    """A short async RL job with tool turns in every batch: step-0 gap exactly 0 in bi, ages within N, and the
+    episodes still running when the last step is trained are closed at the end."""
     out = rl_job.main(cfg_for(tmp_path, "rl.steps=4", "rl.deterministic=false"))
     hist = out["history"]
     assert len(hist) == 4 and hist[0]["bit_wise/logprob_diff/abs_mean"] == 0.0
     assert all(h["rollout/turns_mean"] > 1 and h["rollout/tool_tokens_mean"] > 0 for h in hist)
     assert max(h["train_batch/policy_age_max"] for h in hist) <= 1
+    assert built_tasks and all(t.live_episodes == 0 for t in built_tasks)
 
 
 def test_in_flight_multiturn_groups_are_regenerated_with_their_seeds(tmp_path):
