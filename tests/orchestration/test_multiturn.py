@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 
 import pytest
 import torch
@@ -241,3 +242,28 @@ def test_other_sequences_decode_while_a_tool_runs(tiny_models):
     worker = make_worker(tiny_models("tiny", "bi"), task, g=4, prompts=1)
     samples = samples_of(run_groups(worker))
     assert [len(s.turns) for s in samples] == [2, 1, 1, 1] and task.live_episodes == 0
+
+
+class _HangingTask(ToyMultiTurnTask):
+    """Every tool call hangs until released: a stuck sandbox."""
+
+    def __init__(self):
+        super().__init__(VOCAB, seed=0)
+        self.release = threading.Event()
+
+    def start_episode(self, item, sample_index):
+        episode = super().start_episode(item, sample_index)
+        episode.step = lambda response_ids, finish_reason: (self.release.wait(60), TurnResult(done=True))[1]
+        return episode
+
+
+def test_close_closes_episodes_whose_tool_hangs(tiny_models):
+    task = _HangingTask()
+    worker = make_worker(tiny_models("tiny", "bi"), task, g=2, prompts=1)
+    worker.admit_available()
+    while len(worker.episodes.pending) < 2:  # both first turns done, both tools hanging
+        worker.step()
+    t0 = time.perf_counter()
+    worker.episodes.close(wait_s=0.2)
+    assert time.perf_counter() - t0 < 5 and task.live_episodes == 0
+    task.release.set()

@@ -112,14 +112,21 @@ class _Rollout:
                       gen_version=vers, reward=reward, turns=self.turns, finish=finish)
 
     def close(self) -> None:
-        """Close the episode once (from the worker thread that finished it, or from EpisodeRunner.close once the
-        pool has stopped); an episode whose start was cancelled or failed has nothing to close."""
+        """Close the episode once (from the worker thread that finished it, or from EpisodeRunner.close)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        if self.episode.done() and not self.episode.cancelled() and self.episode.exception() is None:
-            self.episode.result().close()
+        if self.episode.done():
+            _close_started(self.episode)
+        else:  # still starting past the wait: close it once it exists
+            self.episode.add_done_callback(_close_started)
+
+
+def _close_started(f: cf.Future) -> None:
+    """Close the episode a start_episode future made (a cancelled or failed start made none)."""
+    if not f.cancelled() and f.exception() is None:
+        f.result().close()
 
 
 def _done_future(value) -> cf.Future:
@@ -177,12 +184,15 @@ class EpisodeRunner:
             self._apply_finished_env_turns(finished)
         return finished
 
-    def close(self) -> None:
-        """Close every episode still open and stop the pool (the end of a run, or its failure). Environment
-        turns already running finish first (an episode's calls never overlap); queued ones are cancelled.
-        Best effort: a failing close is logged, and the others are still closed."""
+    def close(self, wait_s: float = 30.0) -> None:
+        """Close every episode still open and stop the pool (the end of a run, or its failure). Queued
+        environment turns are cancelled; running ones get ``wait_s`` seconds to finish (an episode's calls do
+        not overlap), then their episodes are closed anyway (closing is what stops a hung sandbox; a step must
+        bound its own time: a tool call without a timeout keeps its thread). Best effort: a failing close is
+        logged, and the others are still closed."""
         if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            cf.wait(list(self.pending) + [r.episode for r in self.live.values()], timeout=wait_s)
         for r in list(self.live.values()):
             try:
                 r.close()
