@@ -169,6 +169,11 @@ MODEL: Group = {
 NUMERICS: Group = {"name": one_of(*MODES), "gemm_policy": one_of(*GEMM_POLICIES), "chunk_decode": one_of(*CHUNK_DECODE_KERNELS)}
 
 _NOT_IMPLEMENTED_TASK = {"name": STR, "implemented": BOOL}
+# what a multi-turn task's yaml sets for its rollouts (orchestration/build.py episode_settings)
+EPISODE_KEYS: Group = {
+    "max_turns": POSITIVE_INT, "max_tokens_per_turn": integer(1, optional=True),
+    "max_context_tokens": integer(2, optional=True), "env_workers": POSITIVE_INT,
+}  # fmt: skip
 TASK: dict[str, Group] = {  # conf/task/<name>.yaml, by task.name
     "math": {
         "name": STR, "implemented": BOOL, "source": one_of("offline", "hub"),
@@ -180,6 +185,9 @@ TASK: dict[str, Group] = {  # conf/task/<name>.yaml, by task.name
         "chat_template_kwargs": MAPPING, "tokenizer_cache": STR,
     },  # fmt: skip
     "toy": {"name": STR, "implemented": BOOL},
+    "toy_multiturn": {
+        "name": STR, "implemented": BOOL, **EPISODE_KEYS, "tool_error_turn": integer(0, optional=True),
+    },  # fmt: skip
     "search": {
         "name": STR, "implemented": BOOL, "source": one_of("offline", "files"), "format": one_of(*SEARCH_FORMATS),
         "prompt_template": _optional(Check(lambda v: isinstance(v, str) and "{question}" in v, "a string containing {question}"), True),
@@ -191,8 +199,7 @@ TASK: dict[str, Group] = {  # conf/task/<name>.yaml, by task.name
                                              "an http(s):// URL"), True),
                       "topk": integer(1, 100), "index_cache": STR, "timeout_s": number(0, lo_open=True),
                       "retries": COUNT, "startup_timeout_s": number(0, lo_open=True), "max_restarts": COUNT},
-        "max_turns": POSITIVE_INT, "max_tokens_per_turn": POSITIVE_INT, "max_tool_tokens": POSITIVE_INT,
-        "reward": one_of("exact_match"),
+        **EPISODE_KEYS, "max_tool_tokens": POSITIVE_INT, "reward": one_of("exact_match"),
         "mask_tool_tokens": BOOL, "chat_template_kwargs": MAPPING, "tokenizer_cache": STR,
     },  # fmt: skip
     "agent": {
@@ -327,7 +334,7 @@ def check_runnable(cfg: Any, cuda_available: bool | None = None) -> None:
         if not task.get("implemented", True):
             raise ConfigError(
                 f"task={task.name} is not implemented yet: conf/task/{task.name}.yaml records the published recipe "
-                "only (no task code, data or reward in the repo); implemented tasks: math, search, toy"
+                "only (no task code, data or reward in the repo); implemented tasks: math, search, toy, toy_multiturn"
             )
         if not cfg.generator.get("implemented", True):
             raise ConfigError(

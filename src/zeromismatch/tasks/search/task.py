@@ -117,8 +117,8 @@ class SearchTask(Task):
         self.format: ToolFormat = get_format(cfg_get(cfg_task, "format", "search_r1"))
         self.template = cfg_get(cfg_task, "prompt_template")
         self.template_kwargs = dict(to_plain(cfg_get(cfg_task, "chat_template_kwargs", {})) or {})
-        self.max_turns = int(cfg_get(cfg_task, "max_turns", 4))
-        self.max_tokens_per_turn = int(cfg_get(cfg_task, "max_tokens_per_turn", 512))
+        self.max_turns = 4
+        self.configure_episodes(cfg_task)  # max_turns, max_tokens_per_turn, max_context_tokens, env_workers
         self.max_tool_tokens = int(cfg_get(cfg_task, "max_tool_tokens", 500))
         rcfg = cfg_get(cfg_task, "retriever")
         self.topk = int(cfg_get(rcfg, "topk", 3))
