@@ -191,7 +191,7 @@ TASK: dict[str, Group] = {  # conf/task/<name>.yaml, by task.name
     "search": {
         "name": STR, "implemented": BOOL, "source": one_of("offline", "files"), "format": one_of(*SEARCH_FORMATS),
         "prompt_template": _optional(Check(lambda v: isinstance(v, str) and "{question}" in v, "a string containing {question}"), True),
-        "offline": {"dir": STR, "n_people": integer(2), "n_heldout": POSITIVE_INT, "seed": COUNT, "corpus": STR,
+        "offline": {"dir": STR, "n_people": integer(2, 576), "n_heldout": POSITIVE_INT, "seed": COUNT, "corpus": STR,
                     "train": STR, "eval": STR, "sft": STR, "levels": list_of(integer(1, 2), optional=True)},
         "files": {"train": OPT_STR, "eval": OPT_STR, "corpus": OPT_STR, "data_source": OPT_STR,
                   "n_eval": integer(1, optional=True)},

@@ -92,8 +92,9 @@ def _run_in_process(cfg) -> dict:
     except BaseException:
         loop.abort()
         raise
-    finally:  # also on failure: no episode (sandbox) outlives the run
+    finally:  # also on failure: no episode (sandbox) nor task service (a retriever server) outlives the run
         worker.close()
+        task.close()
     return loop.finish()
 
 
@@ -116,6 +117,9 @@ def _trainer_role(cfg, groups) -> dict:
     except BaseException:
         loop.abort()
         raise
+    finally:
+        if task is not None:
+            task.close()
     return loop.finish()
 
 
@@ -132,6 +136,7 @@ def _generator_role(cfg, groups) -> None:
         serve_generator(worker, trainer_rank=0, groups=groups)
     finally:
         worker.close()
+        task.close()
 
 
 def _spawn_disaggregated(cfg) -> dict:

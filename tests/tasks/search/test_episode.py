@@ -59,8 +59,8 @@ def test_wrong_missing_and_malformed_answers_score_zero(search_tokenizer, search
     bad = ep.step(_ids(tok, "I think it is"), "stop")  # neither tag: the correction message, masked, then go on
     assert not bad.done and "My previous action is invalid" in tok.decode(bad.append_ids)
     assert ep.reward() == 0.0
-    cut = ep.step(_ids(tok, "<search> Ada"), "length")  # cut at the per-turn cap: ends unanswered
-    assert cut.done and ep.reward() == 0.0
+    cut = ep.step(_ids(tok, "<search> Ada"), "length")  # cut at the per-turn cap: corrected, as in Search-R1
+    assert not cut.done and "My previous action is invalid" in tok.decode(cut.append_ids) and ep.reward() == 0.0
     ep = task.start_episode(item, 2)
     assert ep.step(_ids(tok, "<answer> </answer>"), "stop").done and ep.reward() == 0.0
 

@@ -2,8 +2,8 @@
 country), the passages a retriever indexes, and questions that need one search (where was X born? what is X's
 job? which country is city C in?) or two (which country was X born in? -> X's city, then that city's country).
 
-    kb = generate_kb(n_people=400, seed=0)        # deterministic: same arguments, same KB
-    files = write_offline_search(out_dir, n_people=400, n_heldout=40, seed=0)
+    kb = generate_kb(n_people=300, seed=0)        # deterministic: same arguments, same KB
+    files = write_offline_search(out_dir, n_people=300, n_heldout=40, seed=0)
 
 Files (the published layouts, so the loaders of data.py read both ours and the real ones):
 - ``corpus.jsonl``: wiki-18 style, one ``{"id": "12", "contents": "\\"Title\\"\\ntext"}`` per passage;
@@ -28,11 +28,12 @@ import pyarrow.parquet as pq
 from .format import SEARCH_R1_TEMPLATE
 from .index import BM25Index
 
-FIRST = (
-    "Ada", "Bram", "Cleo", "Dov", "Elin", "Faro", "Gita", "Hal", "Ines", "Jory", "Kaia", "Lev", "Mira", "Nils",
-    "Oda", "Pim", "Quin", "Rosa", "Sven", "Tova", "Ugo", "Vera", "Wim", "Xena", "Yuri", "Zara",
+# People have one-word names of two syllables (576 possible): a tiny tokenizer gives each its own token, so a
+# search query is one copied token, which a 4-layer model learns within a few minutes of SFT.
+SYLLABLES = (
+    "ba", "co", "da", "fe", "go", "ha", "ki", "lo", "ma", "no", "pe", "ro", "sa", "tu", "vi", "we", "zo", "ri",
+    "mu", "ne", "ta", "jo", "li", "du",
 )  # fmt: skip
-SYLLABLES = ("bel", "cor", "dan", "fel", "gor", "han", "kel", "lor", "mar", "nov", "pel", "ros", "sal", "tor", "vin", "wen")
 CITIES = (
     "Amberly", "Brisk", "Caldor", "Dunmere", "Elmont", "Falkirk", "Glenrow", "Harwick", "Islay", "Jorvik",
     "Kestrel", "Lyndon", "Marrow", "Norwood", "Oakham", "Pellar", "Quarry", "Redhill", "Stanby", "Thornby",
@@ -69,16 +70,17 @@ class KnowledgeBase:
     questions: list[Question]
 
 
-def generate_kb(n_people: int = 400, seed: int = 0) -> KnowledgeBase:
-    """People with unique two-word names, each born in a city and with an occupation; each city in a country."""
+def generate_kb(n_people: int = 300, seed: int = 0) -> KnowledgeBase:
+    """People with unique names (not a city's), each born in a city and with an occupation; each city in a country."""
     rng = random.Random(f"search-kb:{seed}")
     country_of = {c: rng.choice(COUNTRIES) for c in CITIES}
     names: list[str] = []
     seen = set()
+    if n_people > len(SYLLABLES) ** 2:
+        raise ValueError(f"n_people={n_people}: at most {len(SYLLABLES) ** 2} distinct names")
     while len(names) < n_people:
-        last = "".join(rng.choice(SYLLABLES) for _ in range(2)).capitalize()
-        name = f"{rng.choice(FIRST)} {last}"
-        if name not in seen:
+        name = "".join(rng.choice(SYLLABLES) for _ in range(2)).capitalize()
+        if name not in seen and name not in CITIES:
             seen.add(name)
             names.append(name)
     passages, questions = [], []
@@ -128,7 +130,7 @@ def _rows(questions: list[Question], split: str, template: str) -> pa.Table:
 
 
 def write_offline_search(
-    out_dir: str | Path, n_people: int = 400, n_heldout: int = 40, seed: int = 0, topk: int = 3
+    out_dir: str | Path, n_people: int = 300, n_heldout: int = 40, seed: int = 0, topk: int = 3
 ) -> dict[str, Path]:
     """Write corpus.jsonl, train.parquet, heldout.parquet and sft.jsonl (module doc) to ``out_dir``; the SFT
     searches record the top-``topk`` passages of the BM25 index over the corpus. Same arguments, same bytes."""

@@ -66,6 +66,7 @@ class RetrieverService:
                 try:
                     if httpx.get(endpoint(url, "/health"), timeout=2.0, trust_env=False).status_code == 200:
                         self.url = url
+                        print(f"retriever: pid {self.proc.pid} serving {self.corpus} at {url}", flush=True)
                         return url
                 except httpx.HTTPError:
                     pass

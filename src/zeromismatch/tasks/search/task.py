@@ -41,7 +41,7 @@ OFFLINE_FILES = {"corpus": "corpus.jsonl", "train": "train.parquet", "eval": "he
 def _offline(cfg_task: Any) -> tuple[Path, dict]:
     off = cfg_get(cfg_task, "offline")
     root = Path(cfg_get(off, "dir", "data/offline_search"))
-    args = {"n_people": int(cfg_get(off, "n_people", 400)), "n_heldout": int(cfg_get(off, "n_heldout", 40)),
+    args = {"n_people": int(cfg_get(off, "n_people", 300)), "n_heldout": int(cfg_get(off, "n_heldout", 40)),
             "seed": int(cfg_get(off, "seed", 0)), "topk": int(cfg_get(cfg_get(cfg_task, "retriever"), "topk", 3))}  # fmt: skip
     return root, args
 
@@ -82,8 +82,9 @@ def _data_files(cfg_task: Any) -> dict[str, Path | None]:
 
 class SearchEpisode(Episode):
     """One rollout: each model turn is parsed by the task's format; a search is answered with the retrieved
-    passages (tokens the worker appends, masked), an answer ends the episode, anything else gets the format's
-    correction message. A turn cut at the token cap ends it unanswered. A retriever failure raises ToolError."""
+    passages (tokens the worker appends, masked), an answer ends the episode, anything else (also a turn cut at
+    the per-turn cap) gets the format's correction message, as in Search-R1; the worker's turn limit and context
+    cap end an episode that never answers (reward 0). A retriever failure raises ToolError."""
 
     def __init__(self, task: "SearchTask", item: PromptItem):
         super().__init__(task, item)
@@ -96,8 +97,6 @@ class SearchEpisode(Episode):
         self.actions.append(action)
         if action.kind == "answer":
             self.answer = action.text
-            return TurnResult(done=True)
-        if finish_reason == "length":
             return TurnResult(done=True)
         if action.kind == "search":
             text = self.task.format.information(format_passages(self.task.retrieve(action.text)))
