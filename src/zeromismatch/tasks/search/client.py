@@ -9,12 +9,15 @@ infrastructure failure stops the run instead of scoring rollouts 0.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 
 import httpx
 
 from ..base import ToolError
+
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per retrieval would flood a run's log
 
 
 def endpoint(url: str, path: str) -> str:
