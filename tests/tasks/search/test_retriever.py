@@ -126,7 +126,7 @@ def test_stopped_at_close_and_when_the_parent_dies(kb_files, tmp_path):
         "print(s.pid, flush=True); os.kill(os.getpid(), 9)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert _gone(int(out.stdout.split()[0]), within_s=10)
+    assert _gone(int(out.stdout.strip().splitlines()[-1]), within_s=10)
 
 
 def test_unreachable_or_slow_retriever_is_a_tool_error():

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +40,7 @@ class RetrieverService:
         self.restarts = 0
         self._dir = Path(tempfile.mkdtemp(prefix="zm-retriever-"))
         self._log = self._dir / "server.log"
+        self._restart_lock = threading.Lock()  # episodes' threads fail together when the server dies: one restarts it
 
     @property
     def pid(self) -> int | None:
@@ -87,13 +89,16 @@ class RetrieverService:
 
     def recover(self, err: Exception) -> str | None:
         """After a failed request: restart the server if it died (at most max_restarts times in all); the new
-        URL, or None when nothing was restarted."""
-        if self.alive() or self.restarts >= self.max_restarts:
-            return None
-        self.restarts += 1
-        print(f"retriever at {self.url} died ({err}); restart {self.restarts}/{self.max_restarts}", flush=True)
-        self.stop()
-        return self.start()
+        URL (also when another thread restarted it meanwhile), or None when nothing was restarted."""
+        with self._restart_lock:
+            if self.alive():
+                return self.url
+            if self.restarts >= self.max_restarts:
+                return None
+            self.restarts += 1
+            print(f"retriever at {self.url} died ({err}); restart {self.restarts}/{self.max_restarts}", flush=True)
+            self.stop()
+            return self.start()
 
     def client(self, timeout_s: float = 10.0, retries: int = 3) -> RetrieverClient:
         if self.url is None:
