@@ -19,8 +19,9 @@ one without a checkpoint is moved to <root>/_aborted/ and starts over. Failed ru
 --deadline S: S seconds after the start, running processes get SIGINT (then SIGKILL after --grace seconds),
 runs not yet started stay pending, and the archive is written; so is it on SIGTERM / SIGINT of the sweep.
 The archive (tar.gz, written atomically) holds <exp>/<seed>/ of every run folder except checkpoints,
-_logs/<exp>/<seed>.log (each process's console output) and sweep.json (the command, commit, machine and each
-run's status, attempts and wall time). scripts/unpack_sweep.py lays it out as results/repro/<exp>/<seed>/.
+_logs/<exp>/<seed>.log (each process's console output), _logs/sft/<hash>.json (the summary of each SFT warm
+start in the cache) and sweep.json (the command, commit, machine and each
+run's status, attempts and wall time, and GPU memory / utilization every 15 s). scripts/unpack_sweep.py lays it out as results/repro/<exp>/<seed>/.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ STATUS = "status.json"
 CHECKPOINT = "checkpoint.pt"
 MANIFEST = "sweep.json"
 PACK_EXCLUDE_SUFFIXES = (".pt", ".tmp", ".lock")  # checkpoints (model + optimizer) stay on the machine
+SFT_CACHE = REPO / ".cache" / "sft"  # conf/job/sft.yaml cache_dir: each warm start's summary.json is packed
+GPU_SAMPLE_S = 15.0  # seconds between nvidia-smi readings of memory and utilization
 
 
 @dataclass
@@ -140,6 +143,19 @@ def machine() -> dict:
                            capture_output=True, text=True)
         info["gpu"] = q.stdout.strip() or q.stderr.strip()
     return info
+
+
+def gpu_reading() -> dict | None:
+    """{memory_used_mib, utilization_pct} of GPU 0 from nvidia-smi, or None without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    q = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True)
+    try:
+        used, util = (float(x) for x in q.stdout.splitlines()[0].split(","))
+    except (ValueError, IndexError):
+        return None
+    return {"memory_used_mib": used, "utilization_pct": util}
 
 
 def git_commit() -> str:
@@ -250,6 +266,12 @@ class Sweep:
             print(f"[{self._clock()}] {run.state} {run.name} rc={rc} after {run.wall_s:.0f} s", flush=True)
             self.write_manifest()
 
+    def _sample_gpu(self) -> None:
+        reading = gpu_reading()
+        if reading:
+            reading.update(t_s=round(time.time() - self.t0), running=len(self.procs))
+            self.manifest.setdefault("gpu_samples", []).append(reading)
+
     def _clock(self) -> str:
         return f"{time.time() - self.t0:6.0f}s"
 
@@ -287,7 +309,11 @@ class Sweep:
                 todo.append((run, action == "resume"))
         self.write_manifest()
         deadline = self.t0 + self.args.deadline if self.args.deadline else None
+        next_sample = time.time()
         while (todo or self.procs) and not self.stopping:
+            if time.time() >= next_sample:
+                self._sample_gpu()
+                next_sample = time.time() + GPU_SAMPLE_S
             free = [s for s in range(self.args.parallel) if s not in self.procs]
             while todo and free:
                 run, resume = todo.pop(0)
@@ -338,6 +364,8 @@ def pack(root: Path, runs: list[Run], archive: Path) -> int:
                 n += 1
         if (root / "_logs").is_dir():
             tar.add(root / "_logs", arcname="_logs", filter=_keep)
+        for summary in sorted(SFT_CACHE.glob("*/summary.json")):  # the warm starts the runs loaded
+            tar.add(summary, arcname=f"_logs/sft/{summary.parent.name}.json")
         tar.add(root / MANIFEST, arcname=MANIFEST)
     tmp.replace(archive)
     return n
