@@ -68,7 +68,8 @@ class Run:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--exps", required=True, help="comma-separated conf/exp names")
+    p.add_argument("--exps", required=True,
+                   help="comma-separated conf/exp names; NAME:S1+S2 runs that one at seeds S1, S2 instead of --seeds")
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
     p.add_argument("--steps", type=int, default=None, help="rl.steps of every run (default: each experiment's)")
     p.add_argument("--scale", default=None, help="conf/scale option given after +exp (e.g. small)")
@@ -84,8 +85,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again (resuming from their checkpoint)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between checks of the running processes")
     args = p.parse_args(argv)
-    args.exps = [e for e in args.exps.split(",") if e]
     args.seeds = [int(s) for s in args.seeds.split(",") if s != ""]
+    args.seeds_of = {}
+    for item in (e for e in args.exps.split(",") if e):
+        name, _, seeds = item.partition(":")
+        args.seeds_of[name] = [int(s) for s in seeds.split("+")] if seeds else args.seeds
+    args.exps = list(args.seeds_of)
     missing = [e for e in args.exps if not (REPO / "conf" / "exp" / f"{e}.yaml").is_file()]
     if missing:
         p.error(f"--exps: no conf/exp/{missing[0]}.yaml")
@@ -106,8 +111,8 @@ def read_status(run_dir: Path) -> str | None:
 def plan(args, root: Path, previous: dict) -> list[Run]:
     """Every (exp, seed) run, seed-major, with what the last sweep in this root recorded (attempts)."""
     runs = []
-    for seed in args.seeds:
-        for exp in args.exps:
+    for seed in sorted({s for seeds in args.seeds_of.values() for s in seeds}):
+        for exp in (e for e in args.exps if seed in args.seeds_of[e]):
             run = Run(exp, seed, str(root / exp / str(seed)))
             old = previous.get(run.name)
             if old:
@@ -174,13 +179,14 @@ class Sweep:
         self.procs: dict[int, tuple[Run, subprocess.Popen, float, int]] = {}  # slot -> (run, process, start, slot)
         self.t0 = time.time()
         self.stopping = False
+        settings = {k: v for k, v in vars(args).items() if k != "poll"}
         self.manifest = {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "commit": args.commit or git_commit(),
             "machine": machine(),
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t0)),
             "sweeps_before": previous.get("_sweeps", 0),
-            "settings": {k: v for k, v in vars(args).items() if k not in ("poll",)},
+            "settings": settings,
         }
 
     def _previous(self) -> dict:
