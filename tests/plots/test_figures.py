@@ -62,7 +62,7 @@ def built(matrix, tmp_path_factory) -> dict:
 
 
 def test_all_figures_written(built):
-    stems = {"reward_math_tiny", "validation_math_tiny", "mismatch_math_tiny", "cost_math_tiny"}
+    stems = {"reward_math_tiny", "validation_math_tiny", "mismatch_math_tiny", "cost_math_tiny", "throughput_math_tiny"}
     assert set(built["figures"]) == stems
     assert built["skipped"] == {}
     for stem, rec in built["figures"].items():
@@ -199,11 +199,17 @@ def test_run_without_config_or_metrics(tmp_path):
     good = synth.write_run(tmp_path / "runs", "bi", 4)
     no_cfg = synth.write_run(tmp_path / "runs", "stock", 4)
     (no_cfg / "config.json").unlink()
-    with pytest.raises(PlotError, match=r"has no config\.json"):
+    with pytest.raises(PlotError, match=rf"run {no_cfg} holds metrics.jsonl but no config.json and no "
+                                        r"\.hydra/config.yaml: cannot tell its arm \(numerics.name, rl.offpolicy"):
         load_runs(str(tmp_path / "runs" / "*"))
     with pytest.warns(UserWarning, match="no config.json"):
         runs = load_runs(str(tmp_path / "runs" / "*"), strict=False)
     assert [r.path for r in runs] == [good]
+    second = synth.write_run(tmp_path / "runs", "bi", 12)
+    (second / "config.json").unlink()
+    with pytest.raises(PlotError, match=r"^2 of 3 run folders unreadable: run .*; run .*no config.json") as e:
+        load_runs(str(tmp_path / "runs" / "*"))
+    assert str(no_cfg) in str(e.value) and str(second) in str(e.value) and "\n" not in str(e.value)
 
     no_metrics = tmp_path / "runs2" / "crashed"
     no_metrics.mkdir(parents=True)
@@ -297,7 +303,7 @@ def test_plot_job(matrix, tmp_path, capsys):
     assert "ignored" in out and "smoke" in out
 
     default = _compose()
-    assert default.job.runs == "runs/*" and default.job.out == "paper_figures" and default.job.figures == "all"
+    assert default.job.runs == "results/repro/*/*" and default.job.out == "paper_figures" and default.job.figures == "all"
 
     for overrides, message in [
         ([f"job.runs={tmp_path}/none/*"], f"no run directories found for ['{tmp_path}/none/*']"),
@@ -336,5 +342,6 @@ def test_notebook_is_valid_and_runs(matrix, tmp_path, monkeypatch):
     for c in nb["cells"]:
         if c["cell_type"] == "code":
             exec(compile("".join(c["source"]), f"figures.ipynb:{c['id']}", "exec"), ns)
-    assert sorted(ns["index"]["figures"]) == ["cost_math_tiny", "mismatch_math_tiny", "reward_math_tiny", "validation_math_tiny"]
+    assert sorted(ns["index"]["figures"]) == ["cost_math_tiny", "mismatch_math_tiny", "reward_math_tiny",
+                                              "throughput_math_tiny", "validation_math_tiny"]
     assert (tmp_path / "out" / "figures.json").exists()
