@@ -4,7 +4,8 @@
     python scripts/repro_table.py [--runs 'results/repro/*/*'] [--out results/repro/table.json] [--last 10]
 
 Per group (task, preset, arm, offpolicy): seeds, steps reached, the step-0 gap, the gap (abs_mean) and its
-precision / staleness parts averaged over the last --last steps every seed reached, train reward over those
+precision / staleness parts averaged over the last --last steps that every run of every arm of the window
+reached (so arms compare at the same steps), train reward over those
 steps, held-out accuracy at step 0 and at the last eval every seed reached, and the median full-step / fwd-bwd
 trainer tokens/s. Each value is the mean over seeds with a 95% confidence half-width across seeds (Student t,
 n - 1 degrees of freedom; none for one seed). Then per window, BI minus stock (and bi_chunk minus stock) with a
@@ -95,9 +96,15 @@ def table(runs_spec: str, last: int) -> dict:
     runs = load_runs(runs_spec)
     out = {"runs": runs_spec, "last": last, "groups": [], "differences": []}
     per_group = {}
-    for key, rs in group_runs(runs).items():
-        reached = [int(r.series(REWARD)[0].max()) + 1 if r.has(REWARD) else 0 for r in rs]
-        common = min(reached)
+    groups = group_runs(runs)
+    reached_of = {k: [int(r.series(REWARD)[0].max()) + 1 if r.has(REWARD) else 0 for r in rs] for k, rs in groups.items()}
+    window_common = {}  # the steps every run of every arm of a window reached: arms compare at the same steps
+    for k, reached in reached_of.items():
+        w = (k.task, k.preset, k.offpolicy)
+        window_common[w] = min(window_common.get(w, min(reached)), min(reached))
+    for key, rs in groups.items():
+        reached = reached_of[key]
+        common = window_common[(key.task, key.preset, key.offpolicy)]
         last_steps = set(range(max(0, common - last), common))
         row = {"task": key.task, "preset": key.preset, "arm": key.arm, "offpolicy": key.offpolicy,
                "seeds": len(rs), "steps_reached": reached, "last_steps": [min(last_steps, default=0), common - 1]}
@@ -129,11 +136,12 @@ def fmt(v, h=None, digits=3) -> str:
 
 
 def markdown(t: dict) -> str:
-    lines = ["| window | arm | seeds | steps | gap step 0 | gap (last) | precision | staleness | reward (last) | "
-             "held-out 0 → last | tokens/s full step |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| window | arm | seeds | steps reached (min) | compared steps | gap step 0 | gap (last) | precision | staleness | reward (last) | "
+             "held-out 0 → last | tokens/s full step |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for g in t["groups"]:
         lines.append(
-            f"| op{g['offpolicy']} | {g['arm']} | {g['seeds']} | {min(g['steps_reached'])} | {fmt(g['gap_step0'])} | "
+            f"| op{g['offpolicy']} | {g['arm']} | {g['seeds']} | {min(g['steps_reached'])} | "
+            f"{g['last_steps'][0]}-{g['last_steps'][1]} | {fmt(g['gap_step0'])} | "
             f"{fmt(g['gap_last'], g['gap_last_ci95'])} | {fmt(g['precision_last'])} | {fmt(g['staleness_last'])} | "
             f"{fmt(g['reward_last'], g['reward_last_ci95'])} | {fmt(g['heldout_step0'])} → "
             f"{fmt(g['heldout_last'], g['heldout_last_ci95'])} | {fmt(g['tps_full_step'], g['tps_full_step_ci95'])} |")
