@@ -293,11 +293,30 @@ def _check_group(prefix: str, node: Any, schema: Group, source: str) -> None:
             raise ConfigError(f"{prefix}.{key}: missing; expected {getattr(spec, 'allowed', 'a mapping')} ({source})")
 
 
+SCALE: Group = {"name": STR, "preset": one_of(*PRESETS)}
+
+
+def _check_scale(scale: Any, plain: dict) -> None:
+    """The optional scale group (+scale=<name>, conf/scale/): known keys, and its model preset still in place.
+    A config composed after it (an +exp=... given after +scale=... on the command line) would silently undo
+    the scale's settings; the preset is the one key every experiment sets."""
+    if scale is None:
+        return
+    _check_group("scale", scale, SCALE, f"conf/scale/{scale.get('name') if isinstance(scale, dict) else scale}.yaml")
+    preset = (plain.get("model") or {}).get("preset")
+    if preset != scale["preset"]:
+        raise ConfigError(
+            f"model.preset={preset!r}: scale={scale['name']} sets {scale['preset']!r} and a later config undid it; "
+            f"give +scale={scale['name']} after +exp=... on the command line (conf/scale/{scale['name']}.yaml)"
+        )
+
+
 def validate_config(cfg: Any, choices: Mapping[str, str] | None = None) -> None:
     """Raise ConfigError (one line) for the first unknown key, wrong type or out-of-range value of the
     composed config (``choices``: Hydra's runtime group choices, to name the right yaml file)."""
     plain = to_plain(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
     plain.pop("hydra", None)
+    _check_scale(plain.pop("scale", None), plain)
     for key, value in plain.items():
         if key not in SCHEMA:
             close = difflib.get_close_matches(str(key), list(SCHEMA), n=1)

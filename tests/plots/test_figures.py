@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import sys
 from pathlib import Path
 
+import nbclient
+import nbformat
 import numpy as np
 import pytest
 
@@ -62,7 +63,7 @@ def built(matrix, tmp_path_factory) -> dict:
 
 
 def test_all_figures_written(built):
-    stems = {"reward_math_tiny", "validation_math_tiny", "mismatch_math_tiny", "cost_math_tiny"}
+    stems = {"reward_math_tiny", "validation_math_tiny", "mismatch_math_tiny", "cost_math_tiny", "throughput_math_tiny"}
     assert set(built["figures"]) == stems
     assert built["skipped"] == {}
     for stem, rec in built["figures"].items():
@@ -199,11 +200,17 @@ def test_run_without_config_or_metrics(tmp_path):
     good = synth.write_run(tmp_path / "runs", "bi", 4)
     no_cfg = synth.write_run(tmp_path / "runs", "stock", 4)
     (no_cfg / "config.json").unlink()
-    with pytest.raises(PlotError, match=r"has no config\.json"):
+    with pytest.raises(PlotError, match=rf"run {no_cfg} holds metrics.jsonl but no config.json and no "
+                                        r"\.hydra/config.yaml: cannot tell its arm \(numerics.name, rl.offpolicy"):
         load_runs(str(tmp_path / "runs" / "*"))
     with pytest.warns(UserWarning, match="no config.json"):
         runs = load_runs(str(tmp_path / "runs" / "*"), strict=False)
     assert [r.path for r in runs] == [good]
+    second = synth.write_run(tmp_path / "runs", "bi", 12)
+    (second / "config.json").unlink()
+    with pytest.raises(PlotError, match=r"^2 of 3 run folders unreadable: run .*; run .*no config.json") as e:
+        load_runs(str(tmp_path / "runs" / "*"))
+    assert str(no_cfg) in str(e.value) and str(second) in str(e.value) and "\n" not in str(e.value)
 
     no_metrics = tmp_path / "runs2" / "crashed"
     no_metrics.mkdir(parents=True)
@@ -297,7 +304,7 @@ def test_plot_job(matrix, tmp_path, capsys):
     assert "ignored" in out and "smoke" in out
 
     default = _compose()
-    assert default.job.runs == "runs/*" and default.job.out == "paper_figures" and default.job.figures == "all"
+    assert default.job.runs == "results/repro/*/*" and default.job.out == "paper_figures" and default.job.figures == "all"
 
     for overrides, message in [
         ([f"job.runs={tmp_path}/none/*"], f"no run directories found for ['{tmp_path}/none/*']"),
@@ -325,16 +332,29 @@ def test_notebook_is_valid_and_runs(matrix, tmp_path, monkeypatch):
     for stem in ("reward_", "validation_", "mismatch_", "cost_", "0 (bitwise)"):
         assert stem in text
 
-    # run the code cells on two runs (bi + stock at op4), PNG only
-    runs = tmp_path / "runs"
-    for name in ("2026-01-01_00-00-00_math_op4_bi", "2026-01-01_00-00-00_math_op4_stock"):
-        shutil.copytree(matrix / name, runs / name)
-    monkeypatch.setenv("ZM_RUNS", str(runs / "*"))
-    monkeypatch.setenv("ZM_OUT", str(tmp_path / "out"))
-    monkeypatch.setenv("ZM_FORMATS", "png")
-    ns: dict = {}
-    for c in nb["cells"]:
-        if c["cell_type"] == "code":
-            exec(compile("".join(c["source"]), f"figures.ipynb:{c['id']}", "exec"), ns)
-    assert sorted(ns["index"]["figures"]) == ["cost_math_tiny", "mismatch_math_tiny", "reward_math_tiny", "validation_math_tiny"]
-    assert (tmp_path / "out" / "figures.json").exists()
+    for stem in ("throughput_", "results/repro"):
+        assert stem in text
+
+
+FIXTURE = ROOT / "tests" / "plots" / "data" / "sweep_tiny"  # a CPU sweep's logs: 2 arms x 2 seeds (README there)
+
+
+def test_notebook_executes_headless_from_any_directory(tmp_path):
+    """notebooks/figures.ipynb run by a Jupyter kernel (nbclient), started in an unrelated folder, on the
+    committed small logs: it finds the repo, draws every figure and shows them."""
+    nb = nbformat.read(ROOT / "notebooks" / "figures.ipynb", as_version=4)
+    env = {"ZM_RUNS": str(FIXTURE / "*" / "*"), "ZM_OUT": str(tmp_path / "out"), "ZM_FORMATS": "png"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits them
+    try:
+        nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    out = json.loads((tmp_path / "out" / "figures.json").read_text())
+    assert sorted(out["figures"]) == ["cost_math_tiny", "mismatch_math_tiny", "reward_math_tiny",
+                                      "throughput_math_tiny", "validation_math_tiny"]
+    assert len(out["runs"]) == 4 and {r["arm"] for r in out["runs"]} == {"bi", "stock"}
+    shown = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    assert len(shown) == 5

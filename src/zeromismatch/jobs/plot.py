@@ -1,4 +1,4 @@
-"""`python run.py job=plot job.runs='runs/*' job.out=paper_figures`: rebuild the figures from run dirs.
+"""`python run.py job=plot`: rebuild the figures from run dirs (default results/repro/<exp>/<seed>/ into paper_figures/).
 
 Knobs (conf/job/plot.yaml): runs, out, source, figures, metrics, ema, mismatch_ema, formats, dpi, jobs,
 strict. Draws with zeromismatch.plots.figures.build_figures, prints every path written (figures, then
@@ -24,7 +24,7 @@ def _list(value: Any) -> list:
 
 def main(cfg) -> dict:
     job = cfg.job
-    runs = _list(job.get("runs", "runs/*"))
+    runs = _list(job.get("runs", "results/repro/*/*"))
     figures = to_plain(job.get("figures", "all"))
     try:
         index = build_figures(

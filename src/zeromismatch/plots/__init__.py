@@ -5,7 +5,7 @@ and cost.py draw the figure families.
 """
 
 from .cost import cost_table, plot_cost
-from .curves import plot_metric, plot_reward, plot_validation
+from .curves import plot_metric, plot_reward, plot_throughput, plot_validation
 from .drawing import arm_label
 from .figures import FIGURES, build_figures, written_files
 from .mismatch import log_floor, plot_mismatch
@@ -31,6 +31,7 @@ __all__ = [
     "plot_metric",
     "plot_mismatch",
     "plot_reward",
+    "plot_throughput",
     "plot_validation",
     "written_files",
 ]

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -66,6 +67,32 @@ def save_figure(fig, out_dir: Path, stem: str, formats: Sequence[str], dpi: int 
         if i == 0:  # the layout is solved: keep it for the other formats instead of solving it again
             fig.set_layout_engine("none")
     return files
+
+
+def draw_curve(ax, steps, values, *, color, low=None, high=None, lw=1.8, ls="-", alpha=1.0, markers=False, label=None):
+    """A mean curve with its seed band (low..high, shaded, where given and not flat). Every point stays visible:
+    a series of one point, or a point whose neighbours were not logged, gets a marker (a line needs two)."""
+    if low is not None and high is not None and np.any(high > low):
+        ax.fill_between(steps, low, high, color=color, alpha=0.18 * alpha, lw=0, step=None)
+    ax.plot(steps, values, color=color, lw=lw, ls=ls, alpha=alpha, label=label, marker="o" if markers else None, ms=3)
+    if not markers and len(steps):
+        lone = isolated(steps)
+        if lone.any():
+            ax.plot(np.asarray(steps)[lone], np.asarray(values)[lone], ls="none", marker="o", ms=3.5, color=color,
+                    alpha=alpha, zorder=4)
+
+
+def isolated(steps) -> np.ndarray:
+    """Points a line cannot show: the only point, or one whose neighbour steps are further than the series'
+    usual spacing on both sides (a logged point between gaps)."""
+    s = np.asarray(steps, dtype=np.float64)
+    if s.size <= 1:
+        return np.ones(s.size, dtype=bool)
+    gaps = np.diff(s)
+    usual = np.median(gaps)
+    before = np.concatenate([[np.inf], gaps]) > usual
+    after = np.concatenate([gaps, [np.inf]]) > usual
+    return before & after
 
 
 def figure_record(kind: str, stem: str, files: list[str], metrics: Sequence[str], runs: Iterable[Run], **extra) -> dict:

@@ -3,12 +3,14 @@
     runs = load_runs("runs/*")                         # run dirs, globs, or a runs root
     index = build_figures(runs, "paper_figures")       # PNG + PDF per figure, and figures.json
 
-Figures, one file per setting (task x model preset), one panel per off-policy window:
+Figures, one file per setting (task x model preset), one panel per off-policy window; per arm the mean over
+its runs (seeds) with the seeds' range shaded, every logged point visible:
   reward_<task>_<preset>      rollout_reward/avg_train_reward/mean vs step per arm, EMA-smoothed, raw faint
   validation_<task>_<preset>  validation_reward/_mean vs step (AIME 2025 with task.source=hub, else held-out)
   mismatch_<task>_<preset>    bit_wise/logprob_diff/abs_mean vs step on a log axis, exact zeros on a floor line
                               marked "0 (bitwise)"; second row: the precision / staleness split (ours)
   cost_<task>_<preset>        perf/trainer/tokens_per_second_{full_step,fwd_bwd} per arm (median over steps)
+  throughput_<task>_<preset>  perf/trainer/tokens_per_second_full_step vs step per arm
   metric_<key>_<task>_<preset> any extra metric key vs step (`metrics=[...]`)
 
 Where each part lives: runs.py (finding, reading and grouping runs), smoothing.py (step means, EMA),
@@ -27,19 +29,21 @@ from typing import Any
 import numpy as np
 
 from .cost import TPS_FULL, TPS_FWD_BWD, plot_cost
-from .curves import REWARD, VALIDATION, plot_metric, plot_reward, plot_validation
+from .curves import REWARD, VALIDATION, plot_metric, plot_reward, plot_throughput, plot_validation
 from .mismatch import MISMATCH, PRECISION, STALENESS, plot_mismatch
 from .runs import PlotError, Run, as_list, check_metric, group_runs, known_metrics, load_runs
 
-FIGURES = ("reward", "validation", "mismatch", "cost")
+FIGURES = ("reward", "validation", "mismatch", "cost", "throughput")
 # the metric each figure cannot do without (the others it draws when present)
 FIGURE_METRICS = {
     "reward": (REWARD,),
     "validation": (VALIDATION,),
     "mismatch": (MISMATCH, PRECISION, STALENESS),
     "cost": (TPS_FULL, TPS_FWD_BWD),
+    "throughput": (TPS_FULL,),
 }
-PLOTTERS = {"reward": plot_reward, "validation": plot_validation, "mismatch": plot_mismatch, "cost": plot_cost}
+PLOTTERS = {"reward": plot_reward, "validation": plot_validation, "mismatch": plot_mismatch, "cost": plot_cost,
+            "throughput": plot_throughput}
 
 
 def resolve_figures(figures: str | Sequence[str] | None) -> tuple[list[str], bool]:
@@ -109,6 +113,8 @@ def build_figures(
             recs = plot_validation(loaded, out, formats=formats, dpi=dpi)
         elif name == "mismatch":
             recs = plot_mismatch(loaded, out, ema_weight=mismatch_ema, formats=formats, dpi=dpi)
+        elif name == "throughput":
+            recs = plot_throughput(loaded, out, ema_weight=ema_weight, formats=formats, dpi=dpi)
         else:
             recs = plot_cost(loaded, out, formats=formats, dpi=dpi)
         for rec in recs:

@@ -17,6 +17,7 @@ from matplotlib.ticker import FuncFormatter, LogFormatterSciNotation, LogLocator
 
 from .drawing import (
     arm_color,
+    draw_curve,
     arm_legend,
     figure_record,
     group_paths,
@@ -27,7 +28,7 @@ from .drawing import (
     slug,
 )
 from .runs import Run, arms_of, by_setting, group_runs, offpolicies_of
-from .smoothing import ema, mean_series
+from .smoothing import seed_band
 
 MISMATCH = "bit_wise/logprob_diff/abs_mean"
 PRECISION = "bit_wise/logprob_diff/precision_abs_mean"
@@ -44,13 +45,20 @@ def log_floor(arrays: Iterable[np.ndarray]) -> float:
     return 10.0 ** (math.floor(math.log10(min(pos))) - 1)
 
 
-def _plot_log(ax, steps, values, floor, *, color, ls="-", lw=1.8, alpha=1.0, label=None, zero_markers=True) -> bool:
-    """Plot on a log axis with values <= 0 drawn at `floor`. Returns whether any exact zero was drawn."""
+def _plot_log(ax, steps, values, floor, *, color, ls="-", low=None, high=None) -> bool:
+    """Plot on a log axis with values <= 0 drawn at `floor` (and marked there), the seed band likewise clipped
+    to the floor, every point visible (drawing.draw_curve). Returns whether any exact zero was drawn."""
+    at = lambda a: None if a is None else np.where(a <= 0, floor, a)  # noqa: E731
+    draw_curve(ax, steps, at(values), color=color, ls=ls, low=at(low), high=at(high))
+    return _mark_zeros(ax, steps, values, floor, color)
+
+
+def _mark_zeros(ax, steps, values, floor, color) -> bool:
+    """Open circles on the floor line where a value is exactly zero (bitwise parity); whether there were any."""
     zero = values <= 0
-    ax.plot(steps, np.where(zero, floor, values), color=color, ls=ls, lw=lw, alpha=alpha, label=label)
-    if zero_markers and zero.any():
+    if zero.any():
         ax.plot(steps[zero], np.full(int(zero.sum()), floor), ls="none", marker="o", ms=4, mfc="white",
-                mec=color, alpha=alpha, clip_on=False, zorder=5)
+                mec=color, clip_on=False, zorder=5)
     return bool(zero.any())
 
 
@@ -74,8 +82,8 @@ def plot_mismatch(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figur
     """(c) bit_wise/logprob_diff/abs_mean vs step, log y (write-up: the logprob mismatch figure). Exact zeros
     (BI at step 0 / on-policy) are drawn on a dotted floor line a decade below the smallest positive value,
     annotated "0 (bitwise)". Second row (ours, when logged): the precision part (t_old - gen, solid) and the
-    staleness part (t_cur - t_old, dashed) of the same gap. Smoothing (ema_weight) applies to the lines;
-    the zero markers are always the raw values."""
+    staleness part (t_cur - t_old, dashed) of the same gap. Per arm the mean over its runs (seeds), the seeds'
+    range shaded. Smoothing (ema_weight) applies to the lines; the zero markers are always the raw values."""
     out_dir = Path(out_dir)
     with_key = [r for r in runs if r.has(MISMATCH)]
     records = []
@@ -102,19 +110,11 @@ def plot_mismatch(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figur
                         if not any(r.has(key) for r in rs):
                             continue
                         ls = "--" if key == STALENESS else "-"
-                        if ema_weight:
-                            for r in rs:
-                                s, v = r.series(key)
-                                any_zero |= _plot_log(ax, s, v, floor, color=color, ls=ls, lw=0.8, alpha=0.25)
-                        s, v = mean_series(rs, key)
-                        any_zero |= _plot_log(ax, s, ema(v, ema_weight), floor, color=color, ls=ls,
-                                              zero_markers=not ema_weight)
-                        if ema_weight:  # zero markers from the raw mean, not the smoothed line
-                            z = v <= 0
-                            if z.any():
-                                ax.plot(s[z], np.full(int(z.sum()), floor), ls="none", marker="o", ms=4, mfc="white",
-                                        mec=color, clip_on=False, zorder=5)
-                                any_zero = True
+                        s, v, lo, hi = seed_band(rs, key, ema_weight)
+                        any_zero |= _plot_log(ax, s, v, floor, color=color, ls=ls, low=lo, high=hi)
+                        if ema_weight:  # exact zeros of the raw seed mean, marked on the floor
+                            _, raw, _, _ = seed_band(rs, key)
+                            any_zero |= _mark_zeros(ax, s, raw, floor, color)
                 if any_zero:
                     _mark_floor(ax, floor)
                     zeros_at.add(row)

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from ..logging.metrics import JSONL_NAME, find_wandb_file, read_jsonl, read_wandb_offline, wandb_cli_available
 from ..logging.run_dir import STATUS_NAME, read_status
@@ -222,20 +224,41 @@ def find_run_dirs(runs: str | os.PathLike | Iterable[str | os.PathLike]) -> list
     return out
 
 
+ARM_KEYS = ("numerics.name", "rl.offpolicy", "model.preset", "task.name")  # what groups a run (GroupKey)
+HYDRA_CONFIG = Path(".hydra") / "config.yaml"
+
+
+def read_run_config(p: Path) -> dict:
+    """The run's config: config.json (MetricsLogger writes it when the run starts), else the config Hydra saved
+    in the run folder (.hydra/config.yaml, interpolations resolved where they can be). PlotError naming the
+    folder, what it holds and what is missing when neither is there."""
+    cfg_file = p / "config.json"
+    if cfg_file.is_file():
+        try:
+            return json.loads(cfg_file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise PlotError(f"{cfg_file}: not JSON ({e})") from e
+    if (p / HYDRA_CONFIG).is_file():
+        try:
+            cfg = OmegaConf.load(p / HYDRA_CONFIG)
+            try:
+                return OmegaConf.to_container(cfg, resolve=True)
+            except OmegaConfBaseException:  # e.g. ${now:...} outside Hydra: the keys that group runs are plain
+                return OmegaConf.to_container(cfg, resolve=False)
+        except (OmegaConfBaseException, OSError, ValueError) as e:
+            raise PlotError(f"{p / HYDRA_CONFIG}: unreadable ({e})") from e
+    held = sorted(c.name for c in p.iterdir())[:6]
+    raise PlotError(f"run {p} holds {', '.join(held) or 'nothing'} but no config.json and no {HYDRA_CONFIG}: cannot "
+                    f"tell its arm ({', '.join(ARM_KEYS)}); put the run's config.json beside its metrics")
+
+
 def load_run(path: str | os.PathLike, source: str = "jsonl") -> Run:
     """Read one run dir. source: jsonl (metrics.jsonl), wandb (the offline .wandb file through `wandb leet
     inspect`; an error if it cannot be read), auto (the .wandb file when present and readable, else the JSONL)."""
     if source not in SOURCES:
         raise PlotError(f"unknown source {source!r}; choose one of {SOURCES}")
     p = Path(path)
-    cfg_file = p / "config.json"
-    if not cfg_file.is_file():
-        raise PlotError(f"run {p} has no config.json (MetricsLogger writes it when the run starts); "
-                        "cannot tell its arm")
-    try:
-        config = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise PlotError(f"{cfg_file}: not JSON ({e})") from e
+    config = read_run_config(p)
     has_jsonl = (p / JSONL_NAME).is_file() or any(p.glob("*.jsonl"))
     use = source
     if source == "auto":
@@ -281,16 +304,21 @@ def load_runs(
     dirs = find_run_dirs(specs) if specs else []
     ignored = [] if ignored is None else ignored
     out = list(ready)
+    unreadable: list[str] = []
     for d in dirs:
         try:
             run = load_run(d, source)
         except PlotError as e:
             if strict:
-                raise PlotError(f"{e} [strict: job.strict=false / strict=False skips unreadable runs]") from e
+                unreadable.append(str(e))
+                continue
             warnings.warn(f"skipping run: {e}")
             ignored.append({"run_dir": str(d), "reason": str(e)})
             continue
         out.append(run)
+    if unreadable:  # every unreadable folder in one line, not only the first
+        head = f"{len(unreadable)} of {len(dirs)} run folders unreadable: " if len(unreadable) > 1 else ""
+        raise PlotError(f"{head}{'; '.join(unreadable)} [strict: job.strict=false / strict=False skips unreadable runs]")
     if jobs:
         kept = []
         for r in out:

@@ -1,4 +1,4 @@
-"""Curve statistics for the figures: the step-wise mean over a group's runs and EMA smoothing."""
+"""Curve statistics for the figures: the step-wise mean over a group's runs, its seed band, and EMA smoothing."""
 
 from __future__ import annotations
 
@@ -34,3 +34,17 @@ def mean_series(runs: Sequence[Run], key: str) -> tuple[np.ndarray, np.ndarray]:
             acc.setdefault(int(s), []).append(float(v))
     steps = np.array(sorted(acc), dtype=np.int64)
     return steps, np.array([np.mean(acc[s]) for s in steps], dtype=np.float64)
+
+
+def seed_band(runs: Sequence[Run], key: str, weight: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, mean, low, high) over a group's runs: each run EMA-smoothed first (``weight``), then per step the
+    mean, min and max over the runs that logged it. With one run, low == high == mean."""
+    acc: dict[int, list[float]] = {}
+    for r in runs:
+        s, v = r.series(key)
+        for step, x in zip(s, ema(v, weight)):
+            acc.setdefault(int(step), []).append(float(x))
+    steps = np.array(sorted(acc), dtype=np.int64)
+    vals = [acc[s] for s in steps]
+    return (steps, np.array([np.mean(v) for v in vals]), np.array([min(v) for v in vals]),
+            np.array([max(v) for v in vals]))

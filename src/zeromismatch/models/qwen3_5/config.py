@@ -254,6 +254,15 @@ PRESETS = {
     ),
     # a ~0.5B model with the real head counts and dims (GDN 16/32 heads of 128, attention 16/4 of 256)
     "qwen3_5_mid": lambda: Qwen35Config(vocab_size=32768, hidden_size=1024, num_hidden_layers=16, intermediate_size=4096),
+    # ~30M, for RL that learns on one GPU in minutes (conf/scale/small.yaml): 6 GDN + 2 gated-attention layers,
+    # the tiny vocabulary (the offline math tokenizer), GDN 4 key / 8 value heads of 64
+    "qwen3_5_small": lambda: _tiny(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, linear_num_key_heads=4,
+                                   linear_num_value_heads=8, intermediate_size=1536),
+    # its MoE form (conf/scale/small_moe.yaml): 8 experts, top-2, expert and shared-expert width 256
+    "qwen3_5_small_moe": lambda: _tiny(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                                       linear_num_key_heads=4, linear_num_value_heads=8, num_experts=8,
+                                       num_experts_per_tok=2, moe_intermediate_size=256,
+                                       shared_expert_intermediate_size=256),
     # CPU presets: 3 GDN + 1 attention layers
     "tiny": lambda: _tiny(),
     "tiny_moe": lambda: _tiny(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=192, shared_expert_intermediate_size=192),

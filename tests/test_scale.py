@@ -1,0 +1,61 @@
+"""+scale=small (conf/scale/small.yaml): every math experiment at the ~29M qwen3_5_small preset on one GPU, the
+published recipe values kept where the scale does not change them, and a command line that gives +scale before
++exp (so that the experiment undoes the scale) stopped with one line."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from zeromismatch.config_schema import check_runnable, resolve_config, validate_config
+from zeromismatch.errors import ConfigError
+from zeromismatch.models.qwen3_5 import build_model
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+MATH_EXPS = sorted(p.stem for p in (CONF / "exp").glob("math_*.yaml"))
+SCALE_OF = {exp: ("small_moe", "qwen3_5_small_moe") if "_moe_" in exp else ("small", "qwen3_5_small") for exp in MATH_EXPS}
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    resolve_config(cfg)
+    return cfg
+
+
+@pytest.mark.parametrize("exp", MATH_EXPS)
+def test_small_scale_of_every_math_experiment(exp):
+    published = _compose(f"+exp={exp}")
+    scale, preset = SCALE_OF[exp]
+    cfg = _compose(f"+exp={exp}", f"+scale={scale}")
+    validate_config(cfg)
+    check_runnable(cfg, cuda_available=True)  # no weights needed: the SFT warm start trains them
+    assert (cfg.model.preset, cfg.task.source, cfg.trainer.dtype, cfg.device) == (preset, "offline", "bfloat16", "cuda")
+    assert build_model(preset, "stock", seed=0).config.is_moe == published_is_moe(published)
+    # what the experiment is about is the experiment's, not the scale's
+    for key in ("numerics.name", "rl.offpolicy", "rl.loss", "rl.clip_low", "rl.clip_high", "rl.temperature",
+                "rl.prompts_per_step", "rl.samples_per_prompt", "rl.steps", "rl.eval_every", "rl.adv_std_norm",
+                "run_name", "task.last_number_fallback"):
+        a, b = published, cfg
+        for part in key.split("."):
+            a, b = a[part], b[part]
+        assert a == b, key
+    assert cfg.rl.max_new_tokens < published.rl.max_new_tokens and cfg.trainer.lr > published.trainer.lr
+
+
+def published_is_moe(cfg) -> bool:
+    return cfg.model.preset == "qwen3_5_35b_a3b"
+
+
+def test_scale_before_exp_is_one_line_error():
+    cfg = _compose("+scale=small", "+exp=math_op32_stock")
+    with pytest.raises(ConfigError, match=r"^model.preset='qwen3_5_9b': scale=small sets 'qwen3_5_small' .*"
+                                          r"give \+scale=small after \+exp=\.\.\."):
+        validate_config(cfg)
+
+
+@pytest.mark.parametrize("preset", ["qwen3_5_small", "qwen3_5_small_moe"])
+def test_small_preset_size(preset):
+    model = build_model(preset, "stock", seed=0)
+    assert 20e6 < model.num_parameters() < 80e6
+    assert model.config.layer_types.count("full_attention") == 2 and model.config.num_hidden_layers == 8
