@@ -206,7 +206,7 @@ def _pids_of_uid(uid: int) -> list[int]:
                 continue
             uid_line = next((ln for ln in status.splitlines() if ln.startswith("Uid:")), "")
             state = next((ln for ln in status.splitlines() if ln.startswith("State:")), "")
-            if uid_line.split()[1:2] == [str(uid)] and " Z " not in state + " ":
+            if uid_line.split()[1:2] == [str(uid)] and state.split()[1:2] not in (["Z"], ["X"]):
                 pids.append(int(name))
     return pids
 
