@@ -2,6 +2,7 @@
 
     task = build_task(cfg)                                  # math: MathTask over get_tokenizer(cfg)
     task = build_task(cfg, vocab_size=model.config.vocab_size)   # toy: random tokens of that vocabulary
+    task = build_task(cfg)                                  # agent: AgentTask over get_agent_tokenizer(cfg)
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import cfg_get
+from .agent.task import AgentTask, get_agent_tokenizer
 from .base import Task
 from .math.task import MathTask, get_tokenizer, model_vocab_size
 from .toy import ToyTask
@@ -27,4 +29,6 @@ def build_task(cfg: Any, tokenizer=None, *, seed: int | None = None, vocab_size:
         return ToyTask(int(vocab_size or model_vocab_size(cfg)), seed=seed)
     if name == "math":
         return MathTask(task_cfg, tokenizer if tokenizer is not None else get_tokenizer(cfg), seed=seed)
-    raise NotImplementedError(f"task {name!r} has no Task implementation (tasks: math, toy)")
+    if name == "agent":
+        return AgentTask(task_cfg, tokenizer if tokenizer is not None else get_agent_tokenizer(cfg), seed=seed)
+    raise NotImplementedError(f"task {name!r} has no Task implementation (tasks: math, toy, agent)")
