@@ -186,7 +186,8 @@ TASK: dict[str, Group] = {  # conf/task/<name>.yaml, by task.name
     },  # fmt: skip
     "agent": {
         "name": STR, "implemented": BOOL, "source": one_of("offline", "rows"),
-        "offline": {"dir": STR, "n_train": POSITIVE_INT, "n_heldout": COUNT, "seed": COUNT, "n_sft": POSITIVE_INT,
+        "offline": {"dir": STR, "sft": STR, "levels": Check(lambda v: v is None, "null (agent tasks have no levels)"),
+                    "n_train": POSITIVE_INT, "n_heldout": COUNT, "seed": COUNT, "n_sft": POSITIVE_INT,
                     "families": list_of(one_of(*AGENT_FAMILIES), optional=True)},
         "rows": {"train": OPT_STR, "eval": OPT_STR},
         "max_turns": POSITIVE_INT, "max_context_tokens": POSITIVE_INT, "action_format": one_of(*ACTION_FORMATS),

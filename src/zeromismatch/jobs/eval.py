@@ -14,9 +14,8 @@ from ..evaluation import VALIDATION_METRIC, evaluate
 from ..logging import MetricsLogger
 from ..model_init import load_model
 from ..sft import ensure_sft_checkpoint
-from ..tasks.math.task import get_tokenizer, has_tokenizer
-from ..tasks.registry import build_task
-from ..tasks.tokenizer import load_tokenizer
+from ..tasks.registry import build_task, get_tokenizer
+from ..tasks.tokenizer import has_tokenizer, load_tokenizer
 
 
 def main(cfg) -> dict:

@@ -1,5 +1,5 @@
-"""Supervised warm start of a (tiny) preset on the offline worked solutions, cached, so that RL starts from a
-model that is sometimes right (train reward at temperature 1.0 in [0.1, 0.7]: RL groups have reward
+"""Supervised warm start of a (tiny) preset on the task's demonstrations (math: the offline worked solutions;
+search: scripted search / read / answer episodes), cached, so that RL starts from a model that is sometimes right (train reward at temperature 1.0 in [0.1, 0.7]: RL groups have reward
 variance).
 
     ensure_sft_checkpoint(cfg) -> Path     # what the RL and eval jobs call, whatever cfg.job is
@@ -7,9 +7,10 @@ variance).
 
 Training (train.py): a random init of cfg.model.preset (+ overrides) from job.seed; AdamW (lr job.lr;
 betas, eps, weight decay, grad clip from cfg.trainer); linear warm-up then cosine decay to min_lr_ratio * lr
-over exactly job.steps steps. Each step packs batch_size examples of sft.jsonl (data.py: the chat-formatted
-prompt exactly as the RL prompts are rendered, then the worked solution + eos) into one varlen forward; the
-loss is the mean NLL of the solution tokens. Examples come from job.levels (null = all levels), shuffled by
+over exactly job.steps steps. Each step packs batch_size examples of the task's SFT jsonl (data.py; tokenized by
+``Task.sft_example``: the chat-formatted prompt exactly as the RL prompts are rendered, then the demonstration)
+into one varlen forward; the loss is the mean NLL of the tokens the example's loss mask marks: the model's
+turns (math: the worked solution + eos), never the prompt or tool output (a search episode's <information>). Examples come from job.levels (null = all levels), shuffled by
 job.seed, cycled.
 
 Determinism: the weights are a function of the settings, not of the machine's load. The step count alone

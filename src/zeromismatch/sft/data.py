@@ -1,19 +1,22 @@
-"""SFT examples: the worked solutions of the offline math data (sft.jsonl), packed into varlen batches."""
+"""SFT examples: the task's demonstrations (its SFT jsonl, tokenized by ``Task.sft_example``), packed into
+varlen batches. The loss covers the tokens the mask marks: the model's turns, never the prompt or tool output."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from ..errors import InputFileError, parse_json
 from ..tasks.base import cycle_shuffled
-from ..tasks.math.prompts import render_prompt
+
+Encode = Callable[[dict], tuple[list[int], list[int]]]  # record -> (token ids, loss mask)
 
 
 def load_sft_records(path: str | Path, levels: list[int] | None = None) -> list[dict]:
-    """Lines of an SFT jsonl (``prompt`` = user message, ``response`` = worked solution, ``answer``,
-    ``level``), restricted to ``levels`` when given."""
+    """Lines of an SFT jsonl (``prompt`` = user message, ``response`` = the demonstration, plus task fields such
+    as ``answer`` and ``level``), restricted to ``levels`` when given."""
     records = []
     with open(path) as f:
         for i, line in enumerate(f):
@@ -31,46 +34,42 @@ def load_sft_records(path: str | Path, levels: list[int] | None = None) -> list[
 
 class SFTBatches:
     """Endless packed batches: records in an order shuffled by ``seed`` (reshuffled per epoch), tokenized on
-    first use. Prompt = ``render_prompt(tok, record['prompt'], dapo_template=False)`` (the same ids
-    MathTask gives RL), target = solution tokens + eos."""
+    first use by ``encode`` (the task's ``sft_example``: the prompt ids RL gives, then the demonstration, with a
+    loss mask)."""
 
-    def __init__(self, records: list[dict], tokenizer, batch_size: int, max_seq_len: int, seed: int, template_kwargs=None):
-        self.records, self.tok = records, tokenizer
+    def __init__(self, records: list[dict], encode: Encode, batch_size: int, max_seq_len: int, seed: int):
+        self.records, self.encode = records, encode
         self.batch_size, self.max_seq_len = batch_size, max_seq_len
-        self.template_kwargs = dict(template_kwargs or {})
-        self.eos = tokenizer.eos_token_id
-        if self.eos is None:
-            raise ValueError("SFT needs a tokenizer with an eos token (the solution's end)")
         self._order = cycle_shuffled(len(records), seed)
         self._cache: dict[int, tuple[list[int], list[int]]] = {}
         self.skipped = 0
 
     def example(self, i: int) -> tuple[list[int], list[int]]:
         if i not in self._cache:
-            r = self.records[i]
-            prompt = render_prompt(self.tok, r["prompt"], dapo_template=False, **self.template_kwargs)
-            target = self.tok.encode(r["response"], add_special_tokens=False) + [self.eos]
-            self._cache[i] = (prompt, target)
+            ids, mask = self.encode(self.records[i])
+            if len(ids) != len(mask) or not any(mask[1:]) or mask[0]:
+                raise ValueError(f"SFT record {i}: loss mask must match the ids, skip the first token and mark some")
+            self._cache[i] = (list(ids), list(mask))
         return self._cache[i]
 
     def next_batch(self):
         """(ids [N], cu_seqlens, rows, targets, n_target_tokens) as CPU tensors / lists."""
         seqs = []
         while len(seqs) < self.batch_size:
-            prompt, target = self.example(next(self._order))
-            if len(prompt) + len(target) > self.max_seq_len:
+            ids, mask = self.example(next(self._order))
+            if len(ids) > self.max_seq_len:
                 self.skipped += 1
                 if self.skipped > 100 * self.batch_size and not seqs:
                     raise ValueError(f"SFT examples do not fit max_seq_len={self.max_seq_len}")
                 continue
-            seqs.append((prompt, target))
-        ids, cu, rows = [], [0], []
-        for prompt, target in seqs:
+            seqs.append((ids, mask))
+        flat, cu, rows = [], [0], []
+        for ids, mask in seqs:
             start = cu[-1]
-            ids.extend(prompt + target)
-            # position j predicts token j + 1: rows from the last prompt token to the one before eos
-            rows.extend(range(start + len(prompt) - 1, start + len(prompt) + len(target) - 1))
-            cu.append(len(ids))
-        ids_t = torch.tensor(ids, dtype=torch.long)
+            flat.extend(ids)
+            # position j - 1 predicts token j: one row per trained token
+            rows.extend(start + j - 1 for j in range(1, len(ids)) if mask[j])
+            cu.append(len(flat))
+        ids_t = torch.tensor(flat, dtype=torch.long)
         rows_t = torch.tensor(rows, dtype=torch.long)
         return ids_t, cu, rows_t, ids_t[rows_t + 1], len(rows)

@@ -22,8 +22,8 @@ from ..config import config_hash, file_sha256, model_overrides
 from ..evaluation import evaluate
 from ..models.qwen3_5 import build_model, load_checkpoint, save_checkpoint
 from ..tasks.base import locked, publish_dir
-from ..tasks.math.task import TOKENIZER_FILES, ensure_offline_math, get_tokenizer, tokenizer_fingerprint
-from ..tasks.registry import build_task
+from ..tasks.registry import build_task, get_tokenizer, prepare_task_data
+from ..tasks.tokenizer import TOKENIZER_FILES, tokenizer_fingerprint
 from .data import SFTBatches, load_sft_records
 from .settings import SFTSettings, settings_from_cfg, sft_job_config
 from .train import pinned_threads, train_sft
@@ -105,8 +105,7 @@ def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | Non
     if cfg.model.get("checkpoint"):
         raise ValueError("SFT trains cfg.model.preset from random init; unset model.checkpoint")
     s = settings_from_cfg(cfg)
-    if cfg.task.name == "math" and cfg.task.get("offline"):
-        ensure_offline_math(cfg.task)
+    prepare_task_data(cfg)  # the offline data sets the SFT file belongs to, written once
     data_path = Path(cfg.job.data)
     tokenizer = get_tokenizer(cfg)
     key = sft_key(cfg, s, tokenizer, data_path)
@@ -134,17 +133,15 @@ def run_sft(cfg, *, load: bool = True, log_fn: Callable[[dict, int], None] | Non
         if len(tokenizer) > model.config.vocab_size:
             raise ValueError(f"tokenizer has {len(tokenizer)} tokens, model vocab_size {model.config.vocab_size}")
         records = load_sft_records(data_path, s.levels)
-        batches = SFTBatches(
-            records, tokenizer, s.batch_size, s.max_seq_len, s.seed, cfg.task.get("chat_template_kwargs")
-        )
         print(
             f"SFT: training {cfg.model.preset} ({model.num_parameters():,} parameters, {SFT_NUMERICS} numerics, "
-            f"{s.threads} thread{'s' if s.threads > 1 else ''} (job.threads), {device}) on {len(records)} worked "
-            f"solutions{f' (levels {s.levels})' if s.levels else ''}: {s.steps} steps x {s.batch_size}, lr {s.lr}"
-            f"{f', time limit {s.time_limit_s:g} s' if s.time_limit_s else ''} -> {out}",
+            f"{s.threads} thread{'s' if s.threads > 1 else ''} (job.threads), {device}) on {len(records)} "
+            f"{cfg.task.name} demonstrations{f' (levels {s.levels})' if s.levels else ''}: {s.steps} steps x "
+            f"{s.batch_size}, lr {s.lr}{f', time limit {s.time_limit_s:g} s' if s.time_limit_s else ''} -> {out}",
             flush=True,
         )
         with build_task(cfg, tokenizer, seed=int(cfg.get("seed", 0))) as task:
+            batches = SFTBatches(records, task.sft_example, s.batch_size, s.max_seq_len, s.seed)
 
             def eval_fn(m):
                 with _numerics(m, s.measure_numerics):

@@ -6,6 +6,7 @@
     ... generate with SamplingParams(stop_token_ids=task.stop_token_ids) ...
     r = task.reward(response_ids, item.gold)  # float, never raises
     evals = task.eval_prompts()               # fixed list (30 for math)
+    ids, mask = task.sft_example(record)      # an SFT demonstration: tokens, 1 where the model's turns are
 
 One rollout is an ``Episode`` (``task.start_episode(item, sample_index)``): after each model turn the rollout
 worker calls ``episode.step(response_ids, finish_reason)``, which answers tokens to append (a tool's output,
@@ -104,6 +105,12 @@ class Task(ABC):
         """A fresh episode for sample ``sample_index`` of ``item``'s group. Multi-turn tasks (``max_turns > 1``)
         return their own Episode subclass."""
         return Episode(self, item)
+
+    def sft_example(self, record: dict) -> tuple[list[int], list[int]]:
+        """One record of the task's SFT file as (token ids, loss mask): the prompt as RL renders it, then the
+        demonstration; mask 1 on the tokens the model is trained to produce (its turns), 0 on the prompt and
+        on tool output. Tasks with an SFT warm start implement it."""
+        raise NotImplementedError(f"task {self.name!r} has no SFT demonstrations (Task.sft_example)")
 
     def close(self) -> None:
         """Release resources (reward worker processes, tool sandboxes)."""

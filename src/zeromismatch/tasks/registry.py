@@ -3,6 +3,8 @@
     task = build_task(cfg)                                  # math: MathTask over get_tokenizer(cfg)
     task = build_task(cfg, vocab_size=model.config.vocab_size)   # toy: random tokens of that vocabulary
     task = build_task(cfg)                                  # agent: AgentTask over get_agent_tokenizer(cfg)
+    tok = get_tokenizer(cfg)                                # the run's tokenizer (the task's tiny BPE on tiny presets)
+    prepare_task_data(cfg)                                  # the task's offline data (SFT file included), written once
 """
 
 from __future__ import annotations
@@ -10,10 +12,31 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import cfg_get
-from .agent.task import AgentTask, get_agent_tokenizer
+from .agent.task import AgentTask, ensure_agent_data, get_agent_tokenizer
 from .base import Task
-from .math.task import MathTask, get_tokenizer, model_vocab_size
+from .math.task import MathTask, ensure_offline_math, model_vocab_size
+from .math.task import get_tokenizer as math_tokenizer
 from .toy import ToyTask
+
+TOKENIZERS = {"math": math_tokenizer, "toy": math_tokenizer, "agent": get_agent_tokenizer}  # toy draws random ids: any tokenizer will do
+
+
+def get_tokenizer(cfg: Any):
+    """The tokenizer of cfg.task.name's task (model.tokenizer / the checkpoint's / the task's tiny BPE)."""
+    name = cfg_get(cfg_get(cfg, "task"), "name")
+    if name not in TOKENIZERS:
+        raise NotImplementedError(f"task {name!r} has no tokenizer (tasks: {', '.join(TOKENIZERS)})")
+    return TOKENIZERS[name](cfg)
+
+
+def prepare_task_data(cfg: Any) -> None:
+    """Write the task's offline data (train / held-out / SFT files) when the config uses it and it is missing."""
+    task_cfg = cfg_get(cfg, "task")
+    name = cfg_get(task_cfg, "name")
+    if name == "math" and cfg_get(task_cfg, "offline"):
+        ensure_offline_math(task_cfg)
+    if name == "agent" and cfg_get(task_cfg, "source", "offline") == "offline":
+        ensure_agent_data(task_cfg)
 
 
 def build_task(cfg: Any, tokenizer=None, *, seed: int | None = None, vocab_size: int | None = None) -> Task:

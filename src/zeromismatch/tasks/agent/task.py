@@ -25,6 +25,7 @@ from ...config import cfg_get, to_plain
 from ..base import PromptItem, Task, cycle_shuffled
 from ..tokenizer import ENDOFTEXT, IM_END, IM_START, cached_tiny_tokenizer, run_tokenizer
 from .actions import action_format
+from .demos import ensure_agent_demos
 from .episode import AgentEpisode
 from .offline import offline_agent_splits
 from .pool import SandboxPool
@@ -177,6 +178,11 @@ def tokenizer_corpus(cfg_task: Any) -> list[str]:
     texts += ["<submit/>", "<output exit=0>\n</output>", "<output exit=1>\n</output>"] * 32
     random.Random(0).shuffle(texts)  # a fixed order: the cache key is the corpus
     return texts
+
+
+def ensure_agent_data(cfg_task: Any):
+    """The offline source's SFT demonstrations (task.offline.sft), written when missing (demos.py)."""
+    return ensure_agent_demos(cfg_task, task_splits(cfg_task)["train"], user_message)
 
 
 def tiny_tokenizer(cfg_task: Any, vocab_size: int):
