@@ -124,7 +124,7 @@ POSITIVE_INT = integer(1)
 COUNT = integer(0)  # 0 = off / never where the yaml says so
 
 JOB: dict[str, Group] = {  # conf/job/<name>.yaml, by job.name
-    "rl": {"name": STR, "resume": OPT_STR},
+    "rl": {"name": STR, "resume": OPT_STR, "sft": optional_key(MAPPING)},  # sft: the warm start's conf/job/sft.yaml knobs
     "sft": {
         "name": STR, "data": STR, "steps": POSITIVE_INT, "batch_size": POSITIVE_INT, "max_seq_len": POSITIVE_INT,
         "lr": number(0, lo_open=True), "eval_every": COUNT, "save_to": OPT_STR,

@@ -1,5 +1,5 @@
 """The model a run starts from: cfg.model.checkpoint, else a random init of cfg.model.preset; for RL on
-math, the cached SFT warm start (sft/) unless a checkpoint is given.
+math and the agent task, the cached SFT warm start (sft/) unless a checkpoint is given.
 
     model = load_model(cfg)          # eval / smoke / parity: the checkpoint or a random init
     model = initial_model(cfg)       # RL: the SFT warm start where it applies, else load_model(cfg)
@@ -15,6 +15,8 @@ import torch
 from .config import cfg_get, model_overrides, numerics_spec
 from .models.qwen3_5 import build_model, load_checkpoint
 from .sft import ensure_sft_checkpoint
+
+SFT_TASKS = ("math", "agent")  # tasks whose offline data carries SFT demonstrations
 
 __all__ = ["initial_model", "load_model", "torch_dtype", "uses_sft_warm_start"]
 
@@ -51,8 +53,9 @@ def load_model(cfg: Any, checkpoint: str | Path | None = None, numerics=None, de
 
 
 def uses_sft_warm_start(cfg: Any) -> bool:
-    """RL on math from a random-init preset starts from the SFT checkpoint (rl.sft_warm_start)."""
-    return not cfg.model.get("checkpoint") and cfg.task.name == "math" and cfg.rl.get("sft_warm_start", True)
+    """RL on a task with demonstrations (math, agent) from a random-init preset starts from the SFT checkpoint
+    (rl.sft_warm_start)."""
+    return not cfg.model.get("checkpoint") and cfg.task.name in SFT_TASKS and cfg.rl.get("sft_warm_start", True)
 
 
 def initial_model(cfg: Any):
