@@ -15,15 +15,15 @@ SMALL = SandboxLimits(command_timeout_s=10, cpu_s=20, memory_mb=256, processes=4
 
 
 def _sandbox_processes() -> list[str]:
-    """Processes of any sandbox: bwrap, or anything running as a slot uid (root) (ps lines)."""
+    """Processes of the tests' sandboxes (ps lines): as root, anything running as one of SMALL's slot uids (a
+    run's sandboxes elsewhere on the machine use other uids); otherwise any bwrap."""
     out = subprocess.run(["ps", "-eo", "pid,uid,stat,args"], capture_output=True, text=True).stdout.splitlines()[1:]
     found = []
     for line in out:
         pid, uid, stat, args = line.split(None, 3)
         if "Z" in stat or int(pid) == os.getpid():
             continue
-        if args.startswith("bwrap ") or args.startswith("prlimit ") or (
-                os.geteuid() == 0 and SMALL.uid_base <= int(uid) < SMALL.uid_base + 64):
+        if (SMALL.uid_base <= int(uid) < SMALL.uid_base + 64) if os.geteuid() == 0 else args.startswith("bwrap "):
             found.append(line)
     return found
 

@@ -3,7 +3,7 @@ so the demonstration holds the observations the agent will see, and kept only if
 
     path = ensure_agent_demos(cfg.task, train, user_message)   # task.offline.sft, written once (locked, atomic)
 
-A record: ``{"instance_id", "prompt": <user message>, "turns": [{"role": "assistant", "text": "<bash>..</bash>"},
+A record: ``{"instance_id", "prompt": <user message>, "response": <the turns' texts, one per line>, "turns": [{"role": "assistant", "text": "<bash>..</bash>"},
 {"role": "tool", "text": "<output exit=0>..</output>"}, ..., {"role": "assistant", "text": "<submit/>"}]}``;
 ``AgentTask.sft_example`` tokenizes it.
 """
@@ -22,7 +22,7 @@ from .actions import action_format
 from .pool import SandboxPool, default_concurrency
 from .spec import AgentTaskSpec
 
-DEMOS_VERSION = 1
+DEMOS_VERSION = 2
 
 
 def play_solution(spec: AgentTaskSpec, pool: SandboxPool, fmt) -> list[dict]:
@@ -70,7 +70,8 @@ def ensure_agent_demos(cfg_task: Any, train: list[AgentTaskSpec], user_message) 
         with open(tmp / "sft.jsonl", "w") as f:
             for spec, turns in zip(specs, all_turns):
                 f.write(json.dumps({"instance_id": spec.instance_id, "prompt": user_message(spec, fmt),
-                                    "family": spec.family, "turns": turns}) + "\n")
+                                    "response": "\n".join(t["text"] for t in turns), "family": spec.family,
+                                    "turns": turns}) + "\n")
         return {"sft": tmp / "sft.jsonl"}
 
     paths = ensure_generated(root, {"sft": Path(cfg_get(off, "sft", root / "sft.jsonl"))}, {"sft": "sft.jsonl"},

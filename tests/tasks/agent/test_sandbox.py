@@ -1,0 +1,75 @@
+"""The sandbox as the agent uses it: one shell across commands, the verifier, the pool."""
+
+import threading
+import time
+
+from zeromismatch.tasks.agent.pool import SandboxPool
+from zeromismatch.tasks.agent.sandbox import Sandbox, SandboxSpec, parse_reward
+
+from .conftest import SMALL
+
+VERIFIER = """#!/bin/bash
+mkdir -p /logs/verifier
+if [ "$(cat /work/answer.txt 2>/dev/null)" = "$(cat /tests/expected.txt)" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+def test_the_shell_persists_across_commands(box):
+    box.run("mkdir -p a/b && cd a/b && export GREETING=hi && f() { echo fn-$1; }")
+    r = box.run("pwd; echo $GREETING; f x; cat /work/notes.txt")
+    assert r.output.split() == ["/work/a/b", "hi", "fn-x", "hello"] and r.exit_code == 0
+    assert box.run("false").exit_code == 1
+    assert box.run("(exit 7)").exit_code == 7
+
+
+def test_commands_that_read_stdin_or_have_syntax_errors_do_not_break_the_shell(box):
+    r = box.run("cat; read x; echo read=$x")
+    assert r.output.strip() == "read=" and not r.timed_out
+    r = box.run("echo 'unclosed")
+    assert r.exit_code not in (0, None) and "unexpected EOF" in r.output
+    r = box.run("exit 3")
+    assert r.shell_exited
+    r = box.run("echo back")
+    assert r.output.strip() == "back" and r.restarted
+
+
+def test_verifier_scores_correct_and_wrong_solutions():
+    for answer, want in (("42", 1.0), ("41", 0.0)):
+        with Sandbox(SandboxSpec(), SMALL) as b:
+            b.run(f"echo {answer} > answer.txt")
+            assert b.verify(VERIFIER, {"expected.txt": "42\n"}) == want
+
+
+def test_verifier_runs_after_the_agents_processes_are_gone_and_ignores_a_planted_reward():
+    with Sandbox(SandboxSpec(), SMALL) as b:
+        # a background writer that keeps planting reward 1, and a reward file written before submit
+        b.run("mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; "
+              "(while true; do echo 1 > /logs/verifier/reward.txt; sleep 0.01; done) &")
+        assert b.verify(VERIFIER, {"expected.txt": "42\n"}) == 0.0
+
+
+def test_verifier_without_a_reward_file_scores_zero():
+    with Sandbox(SandboxSpec(), SMALL) as b:
+        assert b.verify("#!/bin/bash\nexit 0\n") == 0.0
+    assert [parse_reward(t) for t in ("1", "1.0\n", " 0 ", "", None, "yes", "2")] == [1, 1, 0, 0, 0, 0, 1]
+
+
+def test_pool_bounds_live_sandboxes():
+    pool = SandboxPool(SMALL, max_concurrent=2)
+    peak, lock = [0], threading.Lock()
+
+    def use():
+        box = pool.acquire(SandboxSpec())
+        with lock:
+            peak[0] = max(peak[0], pool.live)
+        box.run("sleep 0.2")
+        pool.release(box)
+
+    threads = [threading.Thread(target=use) for _ in range(5)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] == 2 and pool.live == 0
+    assert time.monotonic() - t0 >= 0.6  # 5 users through 2 slots: at least 3 rounds of 0.2 s
