@@ -11,7 +11,8 @@ Hydra's config and run.log, the metrics (JSONL + offline W&B), checkpoints, stat
 The composed config is checked before any work (zeromismatch/config_schema.py): an unknown key, a wrong type,
 an out-of-range value, or an experiment this machine cannot run stops the run with one line
 ``error: <key>=<value>: expected <what is allowed> (<yaml file>)`` and exit status 2. So do Hydra's own
-composition errors and faulty input files (zeromismatch.errors.UserError: the file and the line).
+composition errors and faulty input files (zeromismatch.errors.UserError: the file and the line), and a task's
+infrastructure failure (zeromismatch.tasks.base.ToolError: what failed, e.g. the retriever URL and request).
 Debug flag: ``HYDRA_FULL_ERROR=1 python run.py ...`` shows the full traceback of every error instead.
 """
 
@@ -30,14 +31,16 @@ import zeromismatch.logging  # noqa: F401 - registers ${zm_run_dir:...}, which c
 from zeromismatch.config_schema import check_config, hydra_error_line, resolve_config
 from zeromismatch.errors import UserError
 from zeromismatch.jobs import JobError, get_job
+from zeromismatch.tasks.base import ToolError
 
 DEBUG = os.environ.get("HYDRA_FULL_ERROR") == "1"
 _job_started = False  # Hydra errors after this point come from a job, not from composing the config
 
 
-def _user_error(e: BaseException) -> UserError | None:
-    """The UserError behind ``e``, also when a worker thread's failure wraps it."""
-    while e is not None and not isinstance(e, UserError):
+def _user_error(e: BaseException) -> UserError | ToolError | None:
+    """The UserError (or ToolError: a task's infrastructure failed, e.g. a retriever URL that does not answer)
+    behind ``e``, also when a worker thread's failure wraps it."""
+    while e is not None and not isinstance(e, (UserError, ToolError)):
         e = e.__cause__ or e.__context__
     return e
 

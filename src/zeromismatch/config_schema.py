@@ -169,6 +169,11 @@ MODEL: Group = {
 NUMERICS: Group = {"name": one_of(*MODES), "gemm_policy": one_of(*GEMM_POLICIES), "chunk_decode": one_of(*CHUNK_DECODE_KERNELS)}
 
 _NOT_IMPLEMENTED_TASK = {"name": STR, "implemented": BOOL}
+# what a multi-turn task's yaml sets for its rollouts (orchestration/build.py episode_settings)
+EPISODE_KEYS: Group = {
+    "max_turns": POSITIVE_INT, "max_tokens_per_turn": integer(1, optional=True),
+    "max_context_tokens": integer(2, optional=True), "env_workers": POSITIVE_INT,
+}  # fmt: skip
 TASK: dict[str, Group] = {  # conf/task/<name>.yaml, by task.name
     "math": {
         "name": STR, "implemented": BOOL, "source": one_of("offline", "hub"),
@@ -180,6 +185,9 @@ TASK: dict[str, Group] = {  # conf/task/<name>.yaml, by task.name
         "chat_template_kwargs": MAPPING, "tokenizer_cache": STR,
     },  # fmt: skip
     "toy": {"name": STR, "implemented": BOOL},
+    "toy_multiturn": {
+        "name": STR, "implemented": BOOL, **EPISODE_KEYS, "tool_error_turn": integer(0, optional=True),
+    },  # fmt: skip
     "search": {
         **_NOT_IMPLEMENTED_TASK, "retriever": {"url": STR, "topk": POSITIVE_INT}, "max_turns": POSITIVE_INT,
         "max_tokens_per_turn": POSITIVE_INT, "reward": STR, "mask_tool_tokens": BOOL, "data": ANY,
@@ -190,7 +198,7 @@ TASK: dict[str, Group] = {  # conf/task/<name>.yaml, by task.name
                     "n_train": POSITIVE_INT, "n_heldout": COUNT, "seed": COUNT, "n_sft": POSITIVE_INT,
                     "families": list_of(one_of(*AGENT_FAMILIES), optional=True)},
         "rows": {"train": OPT_STR, "eval": OPT_STR},
-        "max_turns": POSITIVE_INT, "max_context_tokens": POSITIVE_INT, "action_format": one_of(*ACTION_FORMATS),
+        **EPISODE_KEYS, "action_format": one_of(*ACTION_FORMATS),
         "episode_timeout_s": number(0, lo_open=True), "time_scale": number(0, lo_open=True),
         "sandbox_concurrency": integer(1, optional=True),
         "sandbox": {k: (POSITIVE_INT if f.type in ("int", int) else number(0, lo_open=True))
@@ -324,7 +332,7 @@ def check_runnable(cfg: Any, cuda_available: bool | None = None) -> None:
         if not task.get("implemented", True):
             raise ConfigError(
                 f"task={task.name} is not implemented yet: conf/task/{task.name}.yaml records the published recipe "
-                "only (no task code, data or reward in the repo); implemented tasks: math, toy, agent"
+                "only (no task code, data or reward in the repo); implemented tasks: math, toy, toy_multiturn, agent"
             )
         if task.name == "agent":
             _check_agent_runnable(task)

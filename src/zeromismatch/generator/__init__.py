@@ -15,6 +15,8 @@ Roles, each behind a narrow interface (vLLM v1 style):
 - prefix_cache.py      block-hash prefix cache: shared KV blocks + GDN state snapshots at 64-token boundaries
 - sampling.py          temperature / top-k / top-p with per-request seeds; raw logprobs via ops.logprob
 - sequence.py          Sequence (a request inside the engine) and GenerationOutput
+- episodes.py          EpisodeRunner: a task's episodes over the engine (model turns; environment turns on a
+                       thread pool; turn and context limits) -> rl.types.Sample
 """
 
 from .engine import Engine

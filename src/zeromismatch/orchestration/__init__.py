@@ -2,7 +2,7 @@
 The algorithms themselves (losses, advantages, the offpolicy-N buffer's rules) are in rl/, free of threads
 and process groups.
 
-    rollouts.py        RolloutWorker: prompts -> engine -> scored groups -> RunAheadBuffer
+    rollouts.py        RolloutWorker: prompts -> episodes -> scored groups -> RunAheadBuffer
     controller.py      in-process schedules: run_async (generator thread + WeightChannel), run_lockstep
     disaggregated.py   two-process protocol over torch.distributed: serve_generator / run_trainer
     build.py           an RL run's pieces from its config (trainer; engine + buffer + worker)
@@ -12,7 +12,7 @@ and process groups.
 """
 
 from .controller import WeightChannel, run_async, run_lockstep
-from .rollouts import RolloutWorker, sample_from_output
+from .rollouts import RolloutWorker
 from .runner import run_rl
 
-__all__ = ["RolloutWorker", "WeightChannel", "run_async", "run_lockstep", "run_rl", "sample_from_output"]
+__all__ = ["RolloutWorker", "WeightChannel", "run_async", "run_lockstep", "run_rl"]

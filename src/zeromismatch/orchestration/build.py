@@ -9,6 +9,7 @@ from ..generator import Engine, SamplingParams
 from ..rl.losses import loss_config
 from ..rl.offpolicy import RunAheadBuffer
 from ..trainer.trainer import Trainer
+from ..generator.episodes import EpisodeLimits
 from .rollouts import RolloutWorker
 
 
@@ -60,17 +61,25 @@ def _has_spread(group) -> bool:
     return bool(r.max() > r.min())
 
 
+def episode_settings(cfg, task) -> tuple[EpisodeLimits, int]:
+    """(turn and context limits, per-turn token cap) of ``task``'s rollouts: the Task's attributes
+    (tasks/base.py), the per-turn cap rl.max_new_tokens unless the task sets max_tokens_per_turn."""
+    limits = EpisodeLimits(max_turns=int(task.max_turns), max_context_tokens=task.max_context_tokens)
+    return limits, int(task.max_tokens_per_turn or cfg.rl.max_new_tokens)
+
+
 def build_rollout_worker(cfg, model, task, *, version: int, resume: dict | None = None) -> RolloutWorker:
     """Engine over ``model`` (at weight ``version``), the run-ahead buffer (the checkpoint's, when resuming)
     and the worker that feeds it with ``task``'s prompts from the checkpoint's data position, its in-flight
     groups restarted under ``version``."""
     rl, gen = cfg.rl, cfg.generator
+    limits, per_turn = episode_settings(cfg, task)
     max_prompt = int(rl.get("max_prompt_len", 512))
     engine = Engine(
         model,
         max_slots=int(gen.max_slots),
         max_batched_tokens=int(gen.max_batched_tokens),
-        max_model_len=int(gen.max_model_len or (max_prompt + int(rl.max_new_tokens))),
+        max_model_len=int(gen.max_model_len or max(max_prompt + per_turn, limits.max_context_tokens or 0)),
         prefix_caching=bool(gen.prefix_caching),
         swap_policy=rl.swap_policy,
     )
@@ -85,10 +94,11 @@ def build_rollout_worker(cfg, model, task, *, version: int, resume: dict | None 
         order = "admission" if rl.deterministic else "completion"
         buffer = RunAheadBuffer(int(rl.offpolicy), int(rl.prompts_per_step), initial_version=version,
                                 group_filter=group_filter, order=order)
-    params = SamplingParams(temperature=float(rl.temperature), max_new_tokens=int(rl.max_new_tokens),
+    params = SamplingParams(temperature=float(rl.temperature), max_new_tokens=per_turn,
                             stop_token_ids=tuple(task.stop_token_ids))
     worker = RolloutWorker(engine, task, buffer, int(rl.samples_per_prompt), params, seed=int(cfg.seed),
-                           swap_policy=rl.swap_policy, prompts_consumed=resume["prompts_consumed"] if resume else 0)
+                           swap_policy=rl.swap_policy, prompts_consumed=resume["prompts_consumed"] if resume else 0,
+                           limits=limits, env_workers=int(task.env_workers))
     if resume:
         worker.restore_in_flight(resume.get("in_flight", []))
     return worker

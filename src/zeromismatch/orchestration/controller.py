@@ -77,7 +77,7 @@ def run_async(worker: RolloutWorker, trainer, start: int, steps: int, on_step: S
                 if item is not None:
                     worker.apply_weights(*item)
                 worker.admit_available()
-                if worker.engine.has_work():
+                if worker.has_work():
                     worker.step()
                 else:
                     time.sleep(poll_s)
@@ -93,7 +93,7 @@ def run_async(worker: RolloutWorker, trainer, start: int, steps: int, on_step: S
             batch = None
             while batch is None:
                 if errors:
-                    raise RuntimeError("generator thread failed") from errors[0]
+                    raise RuntimeError(f"generator thread failed: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
                 with worker.lock:
                     batch = worker.buffer.assemble_batch(step)
                 if batch is None:

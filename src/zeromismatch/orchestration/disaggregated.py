@@ -6,10 +6,15 @@ arrive), the trainer asks for the batch of step s, trains, and sends its weights
 
     trainer -> generator (group A): ("next", s, version, weights | None) | ("state",) | ("stop",)
     generator -> trainer (group B): ("batch", s, Batch, generator stats) | ("state", RolloutWorker.state())
+                                    | ("error", exception type name, message)
 
 ("state",) is sent at a step boundary, before the next request, for a checkpoint: the generator answers with
 its run-ahead buffer, in-flight groups and data position (a resume regenerates the in-flight groups, as
 in run_async).
+
+A generator failure (a ToolError from an episode, any exception) is sent to the trainer, which raises it
+with the generator's message (GeneratorFailed, or the ToolError itself); the generator then waits for the
+trainer's ("stop",) and returns, so the trainer's error is the run's.
 
 One group per direction: the generator receives on a thread of its own (blocking recvs; gloo's irecv cannot
 be polled) while its main loop steps the engine and sends batches.
@@ -25,6 +30,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..tasks.base import ToolError
 from .rollouts import RolloutWorker
 
 
@@ -49,8 +55,13 @@ def make_groups():
     return dist.new_group([0, 1]), dist.new_group([0, 1])
 
 
+class GeneratorFailed(RuntimeError):
+    """The generator process failed; the message is its exception's."""
+
+
 def serve_generator(worker: RolloutWorker, trainer_rank: int, groups, poll_s: float = 0.002) -> None:
-    """Generator process: step the engine continuously; apply weights as they arrive; answer batch requests."""
+    """Generator process: step the engine continuously; apply weights as they arrive; answer batch requests.
+    A failure is reported to the trainer (module doc)."""
     to_gen, to_trainer = groups
     inbox: queue.Queue = queue.Queue()
 
@@ -62,6 +73,20 @@ def serve_generator(worker: RolloutWorker, trainer_rank: int, groups, poll_s: fl
                 return
 
     threading.Thread(target=receive, name="generator-inbox", daemon=True).start()
+    try:
+        _serve(worker, trainer_rank, to_trainer, inbox, poll_s)
+    except Exception as e:
+        msgs = []
+        while not inbox.empty():
+            msgs.append(inbox.get())
+        if any(m[0] == "stop" for m in msgs):  # the trainer is done and gone: nobody to tell
+            return
+        send_obj(("error", type(e).__name__, str(e)), trainer_rank, to_trainer)
+        while inbox.get()[0] != "stop":  # the trainer raises, then stops us
+            pass
+
+
+def _serve(worker: RolloutWorker, trainer_rank: int, to_trainer, inbox: queue.Queue, poll_s: float) -> None:
     want = None
     while True:
         try:
@@ -78,7 +103,7 @@ def serve_generator(worker: RolloutWorker, trainer_rank: int, groups, poll_s: fl
                 worker.apply_weights(version, weights)
             want = step
         worker.admit_available()
-        if worker.engine.has_work():
+        if worker.has_work():
             worker.step()
         else:
             time.sleep(poll_s)
@@ -97,18 +122,24 @@ def run_trainer(trainer, start: int, steps: int, on_step, generator_rank: int, g
     at each step boundary; generator_state() fetches RolloutWorker.state() from the generator."""
     to_gen, to_trainer = groups
 
+    def receive(kind: str):
+        msg = recv_obj(generator_rank, to_trainer)
+        if msg[0] == "error":
+            _, name, text = msg
+            raise ToolError(text) if name == "ToolError" else GeneratorFailed(f"generator failed: {name}: {text}")
+        assert msg[0] == kind, (msg[0], kind)
+        return msg[1:]
+
     def generator_state() -> dict:
         send_obj(("state",), generator_rank, to_gen)
-        kind, state = recv_obj(generator_rank, to_trainer)
-        assert kind == "state", kind
-        return state
+        return receive("state")[0]
 
     send_obj(("next", start, None, None), generator_rank, to_gen)
     try:
         for step in range(start, steps):
             t0 = time.perf_counter()
-            kind, s, batch, stats = recv_obj(generator_rank, to_trainer)
-            assert kind == "batch" and s == step, (kind, s, step)
+            s, batch, stats = receive("batch")
+            assert s == step, (s, step)
             on_step(step, batch, time.perf_counter() - t0, stats)
             if after_step is not None:
                 after_step(step, generator_state)

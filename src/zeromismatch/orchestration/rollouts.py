@@ -1,32 +1,15 @@
-"""The generator side of RL: prompts -> engine -> scored groups of rollouts -> the run-ahead buffer."""
+"""The generator side of RL: prompts -> episodes on the engine (generator/episodes.py) -> scored groups of rollouts -> the
+run-ahead buffer."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
 
-import torch
-
 from ..generator import Engine, SamplingParams
-from ..generator.engine import GenerationOutput
 from ..rl.offpolicy import RunAheadBuffer
-from ..rl.types import Group, Sample, Turn
-
-
-def sample_from_output(out: GenerationOutput, reward: float) -> Sample:
-    """Single-turn rollout -> Sample (per-token fields aligned with prompt + response tokens). The generator's
-    logprobs live on its device; a Sample lives on the CPU (rl/types.py), so they are copied there (exact)."""
-    p, n = len(out.prompt_ids), len(out.tokens)
-    nan = torch.full((p,), float("nan"))
-    return Sample(
-        prompt_ids=out.prompt_ids,
-        token_ids=out.all_tokens,
-        loss_mask=[0] * p + [1] * n,
-        gen_logprobs=torch.cat([nan, out.logprob_tensor.float().cpu()]),
-        gen_version=[-1] * p + list(out.versions),
-        reward=reward,
-        turns=[Turn(tuple(out.tokens), out.admission_version)],
-    )
+from ..rl.types import Group, Sample
+from ..generator.episodes import EpisodeLimits, EpisodeRunner
 
 
 @dataclass
@@ -35,16 +18,21 @@ class _GroupInFlight:
     item: object  # tasks.base.PromptItem
     position: int  # 1-based position of the prompt in the train stream: keys its sampling seeds
     pending: set[int]
-    outputs: dict[int, GenerationOutput] = field(default_factory=dict)
+    samples: dict[int, Sample] = field(default_factory=dict)  # request id (in sample order) -> finished rollout
 
 
 class RolloutWorker:
-    """Owns the engine. Admits prompt groups while the buffer has slots, steps the engine, scores
-    finished groups with the task's reward and hands them to the buffer."""
+    """Owns the engine. Admits prompt groups while the buffer has slots, runs each sample's episode (model
+    turns on the engine, environment turns on ``env_workers`` threads), and hands each group to the buffer once
+    all its samples are scored. ``params`` are every model turn's SamplingParams (max_new_tokens: the per-turn
+    cap); ``limits``: turns and context (default: the task's max_turns, the engine's max_model_len). Call
+    ``close()`` when the run ends or fails: it closes the episodes still open."""
 
     def __init__(self, engine: Engine, task, buffer: RunAheadBuffer, samples_per_prompt: int,
-                 params: SamplingParams, seed: int, swap_policy: str = "keep", prompts_consumed: int = 0):
+                 params: SamplingParams, seed: int, swap_policy: str = "keep", prompts_consumed: int = 0,
+                 limits: EpisodeLimits | None = None, env_workers: int = 4):
         self.engine, self.task, self.buffer = engine, task, buffer
+        self.episodes = EpisodeRunner(engine, task, limits or EpisodeLimits(max_turns=task.max_turns), env_workers)
         self.g, self.params, self.seed = samples_per_prompt, params, seed
         self.swap_policy = swap_policy
         self.prompts = task.train_prompts(start=prompts_consumed)  # deterministic from the seed: resumable
@@ -69,7 +57,7 @@ class RolloutWorker:
         grp = _GroupInFlight(ticket, item, position, set())
         for j in range(self.g):
             sp = SamplingParams(**{**self.params.__dict__, "seed": hash((self.seed, position, j)) % (2**62)})
-            rid = self.engine.add_request(item.prompt_ids, sp)
+            rid = self.episodes.start(item, j, sp)
             grp.pending.add(rid)
             self.groups[rid] = grp
 
@@ -91,24 +79,32 @@ class RolloutWorker:
                 self._start_group(self.buffer.admit(item.prompt_id), item, position)
 
     def step(self) -> int:
-        """One engine step; completes the groups whose samples all finished. Returns groups completed."""
+        """One engine step (finished environment turns applied first); completes the groups whose samples all
+        finished. Returns groups completed."""
         done = 0
-        finished = self.engine.step()
+        finished = self.episodes.step()
         with self.lock:  # a checkpoint sees each group either in flight (in self.groups) or complete
-            for out in finished:
-                self.tokens_generated += len(out.tokens)
-                grp = self.groups.pop(out.request_id)
-                grp.pending.discard(out.request_id)
-                grp.outputs[out.request_id] = out
+            for rid, sample in finished:
+                self.tokens_generated += sum(len(t.tokens) for t in sample.turns)
+                grp = self.groups.pop(rid)
+                grp.pending.discard(rid)
+                grp.samples[rid] = sample
                 if not grp.pending:
-                    samples = [sample_from_output(o, self.task.reward(o.tokens, grp.item.gold)) for _, o in sorted(grp.outputs.items())]
-                    self.buffer.complete(grp.ticket, Group(grp.item.prompt_id, samples))
+                    self.buffer.complete(grp.ticket, Group(grp.item.prompt_id, [s for _, s in sorted(grp.samples.items())]))
                     done += 1
         return done
 
+    def has_work(self) -> bool:
+        """Sequences to decode or environment turns running."""
+        return self.episodes.has_work()
+
     def drain(self) -> None:
-        while self.engine.has_work():
+        while self.has_work():
             self.step()
+
+    def close(self) -> None:
+        """Close every episode still open (no sandbox outlives the run) and stop the environment threads."""
+        self.episodes.close()
 
     def apply_weights(self, version: int, weights: dict) -> None:
         """Hot swap; then the slots of the step that produced these weights are free."""

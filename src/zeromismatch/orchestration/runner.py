@@ -30,11 +30,12 @@ from omegaconf import OmegaConf
 from ..logging.run_dir import log_to_run_dir
 from ..model_init import initial_model, uses_sft_warm_start
 from ..sft import ensure_sft_checkpoint
+from ..tasks.base import ToolError
 from ..tasks.registry import build_task
 from .build import build_rollout_worker, build_trainer, for_generation, generator_copy
 from .checkpoint import load_rl_checkpoint, restore_rng, restore_trainer, trained_weights
 from .controller import run_async, run_lockstep
-from .disaggregated import make_groups, run_trainer, serve_generator
+from .disaggregated import GeneratorFailed, make_groups, run_trainer, serve_generator
 from .trainer_loop import TrainerLoop
 
 __all__ = ["run_rl"]
@@ -86,7 +87,13 @@ def _run_in_process(cfg) -> dict:
 
     loop.log_initial_validation()
     schedule = run_lockstep if cfg.rl.deterministic else run_async
-    schedule(worker, trainer, start, loop.steps, loop.on_step, after_step)
+    try:
+        schedule(worker, trainer, start, loop.steps, loop.on_step, after_step)
+    except BaseException:
+        loop.abort()
+        raise
+    finally:  # also on failure: no episode (sandbox) outlives the run
+        worker.close()
     return loop.finish()
 
 
@@ -104,7 +111,11 @@ def _trainer_role(cfg, groups) -> dict:
             loop.save(step, generator_state())
 
     loop.log_initial_validation()
-    run_trainer(trainer, start, loop.steps, loop.on_step, generator_rank=1, groups=groups, after_step=after_step)
+    try:
+        run_trainer(trainer, start, loop.steps, loop.on_step, generator_rank=1, groups=groups, after_step=after_step)
+    except BaseException:
+        loop.abort()
+        raise
     return loop.finish()
 
 
@@ -117,7 +128,10 @@ def _generator_role(cfg, groups) -> None:
         version, weights = trained_weights(ckpt)
         model.load_state_dict(weights)
     worker = build_rollout_worker(cfg, for_generation(model), task, version=version, resume=ckpt)
-    serve_generator(worker, trainer_rank=0, groups=groups)
+    try:
+        serve_generator(worker, trainer_rank=0, groups=groups)
+    finally:
+        worker.close()
 
 
 def _spawn_disaggregated(cfg) -> dict:
@@ -130,8 +144,22 @@ def _spawn_disaggregated(cfg) -> dict:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     out = os.path.join(tempfile.mkdtemp(prefix="zm_disagg_"), "result.pt")
-    mp.spawn(_role_process, args=(OmegaConf.to_container(cfg, resolve=True), port, out), nprocs=2, join=True)
+    try:
+        mp.spawn(_role_process, args=(OmegaConf.to_container(cfg, resolve=True), port, out), nprocs=2, join=True)
+    except mp.ProcessRaisedException as e:
+        failure = _read_failure(out)
+        if failure is not None:  # the trainer's error (a generator failure it received), with its own type
+            raise failure from e
+        raise
     return torch.load(out, weights_only=False)
+
+
+def _read_failure(out: str) -> BaseException | None:
+    path = out + ".error"
+    if not os.path.exists(path):
+        return None
+    name, text = torch.load(path, weights_only=False)
+    return ToolError(text) if name == "ToolError" else GeneratorFailed(text)
 
 
 def _role_process(rank: int, cfg_dict: dict, port: int, out: str) -> None:
@@ -143,7 +171,11 @@ def _role_process(rank: int, cfg_dict: dict, port: int, out: str) -> None:
         cfg = OmegaConf.create(cfg_dict)
         groups = make_groups()
         if rank == 0:
-            torch.save(_trainer_role(cfg, groups), out)
+            try:
+                torch.save(_trainer_role(cfg, groups), out)
+            except (ToolError, GeneratorFailed) as e:  # the driver re-raises it (the spawn error is a traceback dump)
+                torch.save((type(e).__name__, str(e)), out + ".error")
+                raise
         else:
             _generator_role(cfg, groups)
     finally:

@@ -83,6 +83,11 @@ class TrainerLoop:
         log.info("checkpoint after step %d: %s (%d groups in flight)", step, self.checkpoint_path,
                  len(generator_state["in_flight"]))
 
+    def abort(self) -> None:
+        """A failed run: end the progress bar's line (the error is printed after it), close the batch record."""
+        self.bar.close()
+        self._batches.close()
+
     def finish(self) -> dict:
         """Close the logger, print the summary; the job's result."""
         self.bar.close()

@@ -33,6 +33,7 @@ __all__ = [
     "mismatch_decomposition",
     "gather_by_version",
     "policy_age_metrics",
+    "rollout_metrics",
 ]
 
 _P = "bit_wise/logprob_diff/"
@@ -212,4 +213,23 @@ def policy_age_metrics(groups: Sequence[Group], consumer_version: int) -> dict[s
         "train_batch/policy_age": sum(sample_ages) / len(sample_ages),
         "train_batch/policy_age_max": float(max(sample_ages)),
         "train_batch/policy_age_token_mean": token_age_sum / token_count if token_count else 0.0,
+    }
+
+
+def rollout_metrics(groups: Sequence[Group]) -> dict[str, float]:
+    """How a batch's rollouts went (multi-turn episodes), means over samples:
+    rollout/turns_mean                      model turns per sample
+    rollout/tool_tokens_mean                tool / observation tokens per sample (masked from the loss)
+    rollout/truncated_fraction              samples truncated (reward 0): turn limit or context cap
+    rollout/truncated_max_turns_fraction    ... by the turn limit
+    rollout/truncated_max_context_fraction  ... by the context cap
+    """
+    samples = [s for g in groups for s in g.samples]
+    n = max(len(samples), 1)
+    return {
+        "rollout/turns_mean": sum(len(s.turns) for s in samples) / n,
+        "rollout/tool_tokens_mean": sum(s.num_tool_tokens for s in samples) / n,
+        "rollout/truncated_fraction": sum(s.finish != "done" for s in samples) / n,
+        "rollout/truncated_max_turns_fraction": sum(s.finish == "max_turns" for s in samples) / n,
+        "rollout/truncated_max_context_fraction": sum(s.finish == "max_context" for s in samples) / n,
     }

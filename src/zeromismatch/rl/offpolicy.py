@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .metrics import policy_age_metrics
+from .metrics import policy_age_metrics, rollout_metrics
 from .types import Group
 
 __all__ = ["age", "keep", "Batch", "RunAheadBuffer"]
@@ -68,7 +68,7 @@ def keep(group: Group, consumer_version: int, n: int) -> bool:
 class Batch:
     """prompts_per_step groups for training step `step` (consumer version == step), in FIFO order.
 
-    stats: policy_age_metrics of the groups, plus what assembling this batch dropped:
+    stats: policy_age_metrics and rollout_metrics of the groups, plus what assembling this batch dropped:
       offpolicy/dropped_stale, offpolicy/dropped_filtered  (counts during this step's assembly)
       offpolicy/generator_version                          (generator's version when the batch completed)
     """
@@ -240,7 +240,7 @@ class RunAheadBuffer:
 
         groups, self._pending = self._pending, []
         self._awaiting_release[step] = len(groups)
-        stats = policy_age_metrics(groups, consumer_version=step)
+        stats = {**policy_age_metrics(groups, consumer_version=step), **rollout_metrics(groups)}
         stats["offpolicy/dropped_stale"] = float(self._dropped_stale_step)
         stats["offpolicy/dropped_filtered"] = float(self._dropped_filtered_step)
         stats["offpolicy/generator_version"] = float(self.generator_version)

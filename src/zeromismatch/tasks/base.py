@@ -9,12 +9,24 @@
     ids, mask = task.sft_example(record)      # an SFT demonstration: tokens, 1 where the model's turns are
 
 One rollout is an ``Episode`` (``task.start_episode(item, sample_index)``): after each model turn the rollout
-worker calls ``episode.step(response_ids, finish_reason)``, which answers tokens to append (a tool's output,
-masked from the loss and from the mismatch metrics) or ``done``; once done, ``episode.reward()`` scores the
-whole rollout and ``episode.close()`` frees what it holds (a sandbox). Single-turn tasks (math) keep the
-default episode: done after the first turn, scored by ``Task.reward``. ``step`` may block (a retriever call,
-a shell command): the worker runs it off the engine thread. It raises ``ToolError`` for an infrastructure
-failure (a dead retriever): the run stops with that message instead of scoring the rollout 0.
+worker calls ``episode.step(response_ids, finish_reason)`` (``response_ids``: that turn's tokens only;
+``finish_reason`` 'stop' or 'length'), which answers tokens to append (a tool's output, masked from the loss
+and from the mismatch metrics) or ``done``; once done, ``episode.reward()`` scores the whole rollout and
+``episode.close()`` frees what it holds (a sandbox). Single-turn tasks (math) keep the default episode: done
+after the first turn, scored by ``Task.reward``. The runner is generator/episodes.py (RL rollouts and the
+held-out evaluation alike).
+
+Threads: for a multi-turn task (``max_turns > 1``) start_episode, step, reward and close run on a pool of
+``env_workers`` threads beside the engine (a retriever call, a shell command may block; the other sequences
+keep decoding). One episode's calls never overlap; different episodes' calls do, so state an episode shares
+(a retriever client, the task) must be thread-safe. ``close`` is called exactly once per started episode: after
+reward, when the episode is truncated (turn limit, context cap: scored 0 without calling reward), or when the
+run stops. ``step`` / ``reward`` raise ``ToolError`` for an infrastructure failure (a dead retriever): the run
+stops with that message instead of scoring the rollout 0.
+
+Limits: ``max_turns``, ``max_tokens_per_turn``, ``max_context_tokens`` and ``env_workers`` are Task attributes;
+build_task sets them from the task's yaml keys of the same names (``configure_episodes``; the keys go into
+config_schema.py's TASK entry, e.g. ``**EPISODE_KEYS``).
 
 Also here: ``cycle_shuffled`` (the epoch order every task uses) and ``locked`` (one builder per cache
 entry across processes, for the data, tokenizer and SFT caches).
@@ -80,7 +92,12 @@ class Task(ABC):
     """The RL task protocol (module doc). Subclasses set ``name`` and implement the abstract members."""
 
     name: str = "task"
-    max_turns: int = 1
+    # Rollout limits (generator/episodes.py). build_task sets them from the task's yaml keys of the same names
+    # (configure_episodes); a Task subclass may also set them itself.
+    max_turns: int = 1  # model turns per episode; an episode not done after them is truncated (reward 0)
+    max_tokens_per_turn: int | None = None  # per-turn token cap; None: rl.max_new_tokens
+    max_context_tokens: int | None = None  # prompt + turns + tool tokens; None: the engine's max_model_len
+    env_workers: int = 4  # threads running episodes' start / step / reward / close beside the engine
 
     @property
     @abstractmethod
@@ -100,6 +117,14 @@ class Task(ABC):
     @abstractmethod
     def reward(self, response_ids: Sequence[int], gold: Any) -> float:
         """Score one response (generated token ids, stop token included or not). Never raises."""
+
+    def configure_episodes(self, task_cfg: Any) -> None:
+        """Take the episode limits a task's yaml sets (max_turns, max_tokens_per_turn, max_context_tokens,
+        env_workers; absent or null keys keep the class defaults)."""
+        for key in ("max_turns", "max_tokens_per_turn", "max_context_tokens", "env_workers"):
+            value = task_cfg.get(key) if task_cfg is not None else None
+            if value is not None:
+                setattr(self, key, int(value))
 
     def start_episode(self, item: PromptItem, sample_index: int) -> Episode:
         """A fresh episode for sample ``sample_index`` of ``item``'s group. Multi-turn tasks (``max_turns > 1``)

@@ -1,7 +1,7 @@
 """The RL task a run's config names (cfg.task.name), built over the run's tokenizer.
 
     task = build_task(cfg)                                  # math: MathTask over get_tokenizer(cfg)
-    task = build_task(cfg, vocab_size=model.config.vocab_size)   # toy: random tokens of that vocabulary
+    task = build_task(cfg, vocab_size=model.config.vocab_size)   # toy, toy_multiturn: random tokens of that vocabulary
     task = build_task(cfg)                                  # agent: AgentTask over get_agent_tokenizer(cfg)
     tok = get_tokenizer(cfg)                                # the run's tokenizer (the task's tiny BPE on tiny presets)
     prepare_task_data(cfg)                                  # the task's offline data (SFT file included), written once
@@ -17,6 +17,7 @@ from .base import Task
 from .math.task import MathTask, ensure_offline_math, model_vocab_size
 from .math.task import get_tokenizer as math_tokenizer
 from .toy import ToyTask
+from .toy_multiturn import ToyMultiTurnTask
 
 TOKENIZERS = {"math": math_tokenizer, "toy": math_tokenizer, "agent": get_agent_tokenizer}  # toy draws random ids: any tokenizer will do
 
@@ -48,10 +49,19 @@ def build_task(cfg: Any, tokenizer=None, *, seed: int | None = None, vocab_size:
     if not cfg_get(task_cfg, "implemented", True):
         raise NotImplementedError(f"task {name!r} is configured but not implemented yet (conf/task/{name}.yaml)")
     seed = int(cfg_get(cfg, "seed", 0)) if seed is None else int(seed)
+    task = _build(name, cfg, task_cfg, tokenizer, seed, vocab_size)
+    task.configure_episodes(task_cfg)  # max_turns, max_tokens_per_turn, max_context_tokens, env_workers
+    return task
+
+
+def _build(name: str, cfg: Any, task_cfg: Any, tokenizer, seed: int, vocab_size: int | None) -> Task:
     if name == "toy":
         return ToyTask(int(vocab_size or model_vocab_size(cfg)), seed=seed)
+    if name == "toy_multiturn":
+        return ToyMultiTurnTask(int(vocab_size or model_vocab_size(cfg)), seed=seed,
+                                tool_error_turn=cfg_get(task_cfg, "tool_error_turn", None))
     if name == "math":
         return MathTask(task_cfg, tokenizer if tokenizer is not None else get_tokenizer(cfg), seed=seed)
     if name == "agent":
         return AgentTask(task_cfg, tokenizer if tokenizer is not None else get_agent_tokenizer(cfg), seed=seed)
-    raise NotImplementedError(f"task {name!r} has no Task implementation (tasks: math, toy, agent)")
+    raise NotImplementedError(f"task {name!r} has no Task implementation (tasks: math, toy, toy_multiturn, agent)")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 import queue
@@ -218,8 +219,10 @@ class Sandbox:
     """A running sandbox (module doc). Methods are called from one thread at a time."""
 
     def __init__(self, spec: SandboxSpec, limits: SandboxLimits | None = None, *, slot: int = 0,
-                 root: str | os.PathLike | None = None):
+                 root: str | os.PathLike | None = None, gate: threading.Semaphore | None = None):
+        """``gate``: held while the sandbox starts and while it runs a command or the verifier (pool.py)."""
         self.spec, self.limits = spec, limits or SandboxLimits()
+        self.gate = gate or contextlib.nullcontext()
         self.as_root = os.geteuid() == 0
         self.uid = self.limits.uid_base + slot if self.as_root else os.geteuid()
         base = Path(root or tempfile.gettempdir()) / "zeromismatch-sandboxes"
@@ -229,7 +232,8 @@ class Sandbox:
         self._closed = False
         _live.add(self)
         try:
-            self._start()
+            with self.gate:
+                self._start()
         except BaseException:
             self.close()
             raise
@@ -331,11 +335,12 @@ class Sandbox:
     def _request(self, req: dict, timeout: float) -> dict:
         if self._closed:
             raise SandboxGone("the sandbox is closed")
-        try:
-            os.write(self._ctrl_w, (json.dumps(req) + "\n").encode())
-        except OSError as e:
-            raise SandboxGone(f"the sandbox's supervisor is gone ({e})") from e
-        return self._read_reply(timeout)
+        with self.gate:
+            try:
+                os.write(self._ctrl_w, (json.dumps(req) + "\n").encode())
+            except OSError as e:
+                raise SandboxGone(f"the sandbox's supervisor is gone ({e})") from e
+            return self._read_reply(timeout)
 
     def _read_reply(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout

@@ -63,6 +63,8 @@ def user_message(spec: AgentTaskSpec, fmt) -> str:
 
 class AgentTask(Task):
     name = "agent"
+    max_turns = 64
+    max_context_tokens = 65536
 
     def __init__(self, cfg_task: Any, tokenizer, seed: int = 0, splits: dict | None = None):
         self.cfg, self.tokenizer, self.seed = cfg_task, tokenizer, int(seed)
@@ -71,8 +73,7 @@ class AgentTask(Task):
         if not self._train:
             raise ValueError("the agent task has no training tasks")
         self.specs = {s.instance_id: s for s in self._train + self._eval}
-        self.max_turns = int(cfg_get(cfg_task, "max_turns", 64))
-        self.max_context_tokens = int(cfg_get(cfg_task, "max_context_tokens", 65536))
+        self.configure_episodes(cfg_task)  # max_turns, max_tokens_per_turn, max_context_tokens, env_workers
         self.episode_timeout_s = float(cfg_get(cfg_task, "episode_timeout_s", 3600))
         self.time_scale = float(cfg_get(cfg_task, "time_scale", 1.0))
         if self.max_turns < 1 or self.time_scale <= 0 or self.episode_timeout_s <= 0:
