@@ -72,6 +72,16 @@ def test_fork_bomb_is_bounded(box):
     assert len(os.listdir("/proc")) < host_before + SMALL.processes + 50
     r = box.run("echo still here", timeout_s=5)  # a builtin: the shell answers even with no process left to fork
     assert "still here" in r.output
+    r = box.run("ls /", timeout_s=2)  # no process left to fork: the command fails or times out, the sandbox stays
+    assert box.verify("#!/bin/bash\nmkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt\n") == 1.0
+
+
+def test_a_recursive_script_in_the_verifier_is_contained():
+    with Sandbox(SandboxSpec(), SMALL) as b:
+        b.run("printf '#!/bin/bash\\n./run.sh & ./run.sh\\n' > run.sh && chmod +x run.sh")
+        t0 = time.monotonic()
+        assert b.verify("#!/bin/bash\ncd /work && ./run.sh\n", timeout_s=2) == 0.0
+        assert time.monotonic() - t0 < 15 and b.last_verify["timed_out"]
 
 
 def test_memory_beyond_the_limit_fails_inside(box):

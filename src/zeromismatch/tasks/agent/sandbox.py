@@ -339,7 +339,8 @@ class Sandbox:
             try:
                 os.write(self._ctrl_w, (json.dumps(req) + "\n").encode())
             except OSError as e:
-                raise SandboxGone(f"the sandbox's supervisor is gone ({e})") from e
+                time.sleep(0.2)  # let it exit, so its status and stderr can be said
+                raise SandboxGone(f"the sandbox's supervisor is gone ({e}){self._stderr_tail()}") from e
             return self._read_reply(timeout)
 
     def _read_reply(self, timeout: float) -> dict:
@@ -369,6 +370,8 @@ class Sandbox:
         """Run ``cmd`` in the persistent shell; a timeout stops it (the shell stays). Raises SandboxGone."""
         timeout = float(timeout_s or self.limits.command_timeout_s)
         r = self._request({"op": "run", "cmd": cmd, "timeout": timeout}, timeout + 30.0)
+        if "error" in r:  # the supervisor could not run it (no process left to fork): the agent is told
+            return CommandResult(output=f"[the sandbox could not run the command: {r['error']}]", exit_code=None)
         return CommandResult(**r)
 
     def verify(self, test_sh: str, files: dict[str, str] | None = None, timeout_s: float | None = None) -> float:

@@ -93,17 +93,39 @@ def other_pids(keep: set[int]) -> list[int]:
 
 
 def kill_all_but(keep: set[int], rounds: int = 500) -> None:
-    """SIGKILL every other process until none is left (repeated: a fork bomb forks while we kill)."""
+    """SIGKILL every other process until none is left (repeated: a fork bomb forks while we kill), then give the
+    killed a moment to be reaped: a zombie still counts against RLIMIT_NPROC, so the next fork could fail."""
     for _ in range(rounds):
         pids = other_pids(keep)
         if not pids:
-            return
+            break
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         time.sleep(0.005)
+    for _ in range(200):
+        try:  # our own dead children (the shell, a verifier) are ours to reap
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        if not [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in keep | {1, os.getpid()}]:
+            return
+        time.sleep(0.01)
+
+
+def spawn(args: list, **kwargs) -> subprocess.Popen:
+    """Popen, retried for a few seconds while the process limit is reached (EAGAIN): the processes just killed
+    may not all be reaped yet."""
+    for attempt in range(50):
+        try:
+            return subprocess.Popen(args, **kwargs)
+        except BlockingIOError:
+            if attempt == 49:
+                raise
+            time.sleep(0.1)
 
 
 class Supervisor:
@@ -130,7 +152,7 @@ class Supervisor:
         return env
 
     def start_shell(self) -> None:
-        self.shell = subprocess.Popen(
+        self.shell = spawn(
             ["/bin/bash", "--noprofile", "--norc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, cwd=self.workdir, env=self.env(self.cfg["home"]), close_fds=True,
             preexec_fn=self.child_limits,
@@ -168,7 +190,7 @@ class Supervisor:
             restarted = True
         self.cmd_no += 1
         path = f"{self.cfg['cmd_dir']}/cmd-{self.cmd_no}.sh"
-        with open(path, "w") as f:
+        with open(path, "w", errors="replace") as f:
             f.write(cmd if cmd.endswith("\n") else cmd + "\n")
         token = secrets.token_hex(16).encode()
         line = f"source {path} </dev/null; printf '\\n{token.decode()}:%d\\n' \"$?\"\n".encode()
@@ -179,7 +201,10 @@ class Supervisor:
             self.start_shell()
             return self.run(cmd, timeout) | {"restarted": True}
         cap, at, why = self.read_until(self.shell, b"\n" + token + b":", timeout)
-        os.remove(path)
+        try:
+            os.remove(path)
+        except OSError:  # the agent removed it
+            pass
         if why in ("timeout", "output_limit"):
             # stop the command: everything but the shell dies; the shell then prints the marker itself
             kill_all_but({self.shell.pid})
@@ -213,7 +238,7 @@ class Supervisor:
         os.makedirs(os.path.dirname(reward_path), exist_ok=True)
         home = self.cfg["verifier_home"]
         os.makedirs(home, exist_ok=True)
-        proc = subprocess.Popen(
+        proc = spawn(
             ["/bin/bash", "--noprofile", "--norc", script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, cwd=self.workdir, env=self.env(home), close_fds=True,
             preexec_fn=self.child_limits,
@@ -265,12 +290,15 @@ class Supervisor:
                 req = json.loads(line)
                 if req["op"] == "exit":
                     return
-                if req["op"] == "run":
-                    self.reply(self.run(req["cmd"], float(req["timeout"])))
-                elif req["op"] == "verify":
-                    self.reply(self.verify(req["script"], req["reward_path"], float(req["timeout"])))
-                else:
-                    self.reply({"error": f"unknown op {req['op']!r}"})
+                try:
+                    if req["op"] == "run":
+                        self.reply(self.run(req["cmd"], float(req["timeout"])))
+                    elif req["op"] == "verify":
+                        self.reply(self.verify(req["script"], req["reward_path"], float(req["timeout"])))
+                    else:
+                        self.reply({"error": f"unknown op {req['op']!r}"})
+                except Exception as e:  # noqa: BLE001 - the agent's doing (no process left to fork): it is told
+                    self.reply({"error": f"{type(e).__name__}: {e}"})
 
 
 def main() -> None:
