@@ -67,6 +67,18 @@ def test_no_submit_truncation_and_timeout_score_zero(task):
     ep.close()
 
 
+def test_the_sandbox_starts_at_the_first_command(task):
+    item = _item(task, "file")
+    ep = task.start_episode(item, 0)
+    try:
+        assert ep.box is None and task.pool.live == 0  # waiting for its first model turn: nothing held
+        ep.step(task.turn_ids("<bash>ls</bash>"), "stop")
+        assert task.pool.live == 1
+    finally:
+        ep.close()
+    assert task.pool.live == 0
+
+
 def test_time_scale_widens_the_episode_budget(task):
     item = _item(task, "file")
     ep = task.start_episode(item, 0)

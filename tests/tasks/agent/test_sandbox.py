@@ -5,7 +5,7 @@ import threading
 import time
 
 from zeromismatch.tasks.agent.pool import SandboxPool
-from zeromismatch.tasks.agent.sandbox import Sandbox, SandboxSpec, parse_reward
+from zeromismatch.tasks.agent.sandbox import Sandbox, SandboxSpec, _remove_orphans, parse_reward
 
 from .conftest import SMALL
 
@@ -83,3 +83,15 @@ def test_pool_bounds_work_not_live_sandboxes():
     for b in boxes:
         pool.release(b)
     assert pool.live == 0
+
+
+def test_dirs_of_dead_processes_are_removed(tmp_path):
+    dead = tmp_path / "box-999999999-abc"  # no such pid
+    mine = tmp_path / f"box-{os.getpid()}-live"
+    for d in (dead, mine):
+        (d / "seed").mkdir(parents=True)
+    _remove_orphans(tmp_path)
+    assert not dead.exists() and mine.exists()
+    with Sandbox(SandboxSpec(), SMALL) as b:
+        assert b.dir.name.startswith(f"box-{os.getpid()}-") and b.dir.is_dir()
+    assert not b.dir.exists()

@@ -1,6 +1,6 @@
 """One terminal-agent rollout: a sandbox with one persistent bash, driven turn by turn.
 
-    ep = task.start_episode(item, sample_index)     # a sandbox from the task's pool (blocks for a free slot)
+    ep = task.start_episode(item, sample_index)     # its sandbox starts at the first command (task.pool)
     res = ep.step(response_ids, "stop")             # runs the turn's command; TurnResult(append_ids=<output>...)
     res = ep.step(submit_ids, "stop")               # <submit/>: the verifier runs; TurnResult(done=True)
     ep.reward(); ep.close()
@@ -29,7 +29,7 @@ class AgentEpisode(Episode):
         super().__init__(task, item)
         self.spec = spec
         self.started = time.monotonic()
-        self.box = task.pool.acquire(spec.sandbox_spec())
+        self.box = None  # started at the first command: an episode waiting for its first turn holds nothing
         self.outcome = "running"  # -> submitted | truncated | max_turns | timeout | sandbox_gone
         self._reward = 0.0
         self.commands = 0
@@ -48,12 +48,12 @@ class AgentEpisode(Episode):
         action = task.action_format.parse(task.decode_response(response_ids))
         try:
             if action.kind == "submit":
-                return self._end("submitted", self.box.verify(self.spec.test_sh, self.spec.test_files))
+                return self._end("submitted", self._sandbox().verify(self.spec.test_sh, self.spec.test_files))
             if len(self.responses) >= task.max_turns:
                 return self._end("max_turns")
             if action.kind == "bash":
                 self.commands += 1
-                obs = task.action_format.observation(self.box.run(action.command))
+                obs = task.action_format.observation(self._sandbox().run(action.command))
             else:
                 obs = task.action_format.no_action()
         except SandboxGone as e:
@@ -61,8 +61,15 @@ class AgentEpisode(Episode):
             return self._end("sandbox_gone")
         return TurnResult(append_ids=task.observation_ids(obs))
 
+    def _sandbox(self):
+        """The rollout's sandbox, started on first use (a ToolError when it cannot start)."""
+        if self.box is None:
+            self.box = self.task.pool.acquire(self.spec.sandbox_spec())
+        return self.box
+
     def reward(self) -> float:
         return self._reward
 
     def close(self) -> None:
-        self.task.pool.release(self.box)
+        if self.box is not None:
+            self.task.pool.release(self.box)

@@ -180,6 +180,21 @@ def _close_all() -> None:
         box.close()
 
 
+_swept: set[str] = set()
+
+
+def _remove_orphans(base: Path) -> None:
+    """Once per process and base dir: remove the host dirs of sandboxes whose process is gone (a process killed
+    by a signal runs no atexit; its sandboxes died with it, their dirs did not)."""
+    if str(base) in _swept:
+        return
+    _swept.add(str(base))
+    for d in base.glob("box-*-*"):
+        pid = d.name.split("-")[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def kill_uid(uid: int, rounds: int = 200) -> int:
     """SIGKILL every process whose real uid is ``uid`` until none is left; returns how many were signalled."""
     n = 0
@@ -220,14 +235,16 @@ class Sandbox:
 
     def __init__(self, spec: SandboxSpec, limits: SandboxLimits | None = None, *, slot: int = 0,
                  root: str | os.PathLike | None = None, gate: threading.Semaphore | None = None):
-        """``gate``: held while the sandbox starts and while it runs a command or the verifier (pool.py)."""
+        """``gate``: held while the sandbox starts and while it runs a command or the verifier (pool.py). ``root``
+        (default the temp dir) holds the host dir; as root it must be traversable by the slot uids."""
         self.spec, self.limits = spec, limits or SandboxLimits()
         self.gate = gate or contextlib.nullcontext()
         self.as_root = os.geteuid() == 0
         self.uid = self.limits.uid_base + slot if self.as_root else os.geteuid()
         base = Path(root or tempfile.gettempdir()) / "zeromismatch-sandboxes"
         base.mkdir(mode=0o711, parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(prefix="box-", dir=base))
+        _remove_orphans(base)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"box-{os.getpid()}-", dir=base))
         self.proc: subprocess.Popen | None = None
         self._closed = False
         _live.add(self)
