@@ -79,6 +79,16 @@ def test_every_experiment_validates(exp, tmp_path):
         for cuda in (False, True):
             with pytest.raises(ConfigError, match=rf"^task={task} is not implemented yet: conf/task/{task}.yaml"):
                 check_runnable(cfg, cuda_available=cuda)
+    elif exp.startswith("agent_"):  # the published task rows are local files: absent here, named at once
+        for cuda in (False, True):
+            with pytest.raises(MissingFileError, match=r"^file not found: data/agent/train.jsonl \(task.rows.train\)$"):
+                check_runnable(cfg, cuda_available=cuda)
+        rows = tmp_path / "rows.jsonl"
+        rows.write_text("")
+        with_rows = (f"task.rows.train={rows}", f"task.rows.eval={rows}")
+        with pytest.raises(ConfigError, match=r"^model=qwen3_5_9b has no weights: set model.checkpoint="):
+            check_runnable(_compose(f"+exp={exp}", *with_rows), cuda_available=True)
+        check_runnable(_compose(f"+exp={exp}", *with_rows, f"model.checkpoint={tmp_path}"), cuda_available=True)
     else:  # the published-size math runs: a GPU and local weights
         with pytest.raises(ConfigError, match=rf"^device=cuda: this machine has no CUDA device .* model={cfg.model.preset} needs a GPU"):
             check_runnable(cfg, cuda_available=False)

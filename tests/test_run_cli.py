@@ -172,13 +172,13 @@ def test_task_configs():
     assert (math.hub.train, math.hub.eval) == (DAPO_HUB_NAME, AIME2025_HUB_NAME)
     assert math.implemented is True
     assert _compose("task=search").task.implemented is True
-    assert _compose("task=agent").task.implemented is False
+    assert _compose("task=agent").task.implemented is True
 
 
 def test_experiment_matrix_is_complete():
     expected = {f"math_op{op}_{n}" for op in (4, 12, 32) for n in ("bi", "stock", "bi_chunk")}
     expected |= {f"{fam}_{n}" for fam in ("math_moe_op12", "search_op4", "agent_op4") for n in ("bi", "stock")}
-    expected |= {f"tiny_{fam}_op4_{n}" for fam in ("math", "search") for n in ("bi", "stock", "bi_chunk")}
+    expected |= {f"tiny_{fam}_op4_{n}" for fam in ("math", "search", "agent") for n in ("bi", "stock", "bi_chunk")}
     assert set(EXPS) == expected
 
 
@@ -202,7 +202,10 @@ def test_experiment_composes(exp):
         assert (rl.steps, rl.eval_every, cfg.trainer.lr) == (200, 10, 1e-6)
         assert cfg.task.source == "hub"
     if family == "agent":
-        assert cfg.rl.loss == "dppo" and (cfg.task.max_turns, cfg.task.max_context_tokens) == (64, 65536)
+        assert cfg.rl.loss == "dppo" and cfg.rl.dppo_delta == 0.1
+        if not tiny:  # the published recipe: 64 turns in a 64K context, 120 s per command
+            assert (cfg.task.max_turns, cfg.task.max_context_tokens) == (64, 65536)
+            assert cfg.task.sandbox.command_timeout_s == 120 and cfg.task.source == "rows"
     if family == "search":
         assert cfg.rl.adv_std_norm is True and cfg.task.max_turns == 4
     if tiny:

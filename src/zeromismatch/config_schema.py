@@ -39,6 +39,9 @@ from .ops.linear.policy import GEMM_POLICIES
 from .plots.figures import FIGURES
 from .rl.losses import PRESETS as LOSSES
 from .tasks.search.format import FORMATS as SEARCH_FORMATS
+from .tasks.agent.actions import FORMATS as ACTION_FORMATS
+from .tasks.agent.offline import FAMILIES as AGENT_FAMILIES
+from .tasks.agent.sandbox import SandboxLimits, bwrap_available
 
 __all__ = ["SCHEMA", "check_config", "check_runnable", "hydra_error_line", "resolve_config", "validate_config"]
 
@@ -203,9 +206,17 @@ TASK: dict[str, Group] = {  # conf/task/<name>.yaml, by task.name
         "mask_tool_tokens": BOOL, "chat_template_kwargs": MAPPING, "tokenizer_cache": STR,
     },  # fmt: skip
     "agent": {
-        **_NOT_IMPLEMENTED_TASK, "sandbox": STR, "max_turns": POSITIVE_INT, "max_context_tokens": POSITIVE_INT,
-        "command_timeout_s": number(0, lo_open=True), "verifier": STR, "no_submit_reward": number(),
-        "mask_tool_tokens": BOOL, "tasks": ANY,
+        "name": STR, "implemented": BOOL, "source": one_of("offline", "rows"),
+        "offline": {"dir": STR, "sft": STR, "levels": Check(lambda v: v is None, "null (agent tasks have no levels)"),
+                    "n_train": POSITIVE_INT, "n_heldout": COUNT, "seed": COUNT, "n_sft": POSITIVE_INT,
+                    "families": list_of(one_of(*AGENT_FAMILIES), optional=True)},
+        "rows": {"train": OPT_STR, "eval": OPT_STR},
+        **EPISODE_KEYS, "action_format": one_of(*ACTION_FORMATS),
+        "episode_timeout_s": number(0, lo_open=True), "time_scale": number(0, lo_open=True),
+        "sandbox_concurrency": integer(1, optional=True),
+        "sandbox": {k: (POSITIVE_INT if f.type in ("int", int) else number(0, lo_open=True))
+                    for k, f in SandboxLimits.__dataclass_fields__.items()},
+        "tokenizer_cache": STR,
     },  # fmt: skip
 }
 
@@ -353,8 +364,10 @@ def check_runnable(cfg: Any, cuda_available: bool | None = None) -> None:
         if not task.get("implemented", True):
             raise ConfigError(
                 f"task={task.name} is not implemented yet: conf/task/{task.name}.yaml records the published recipe "
-                "only (no task code, data or reward in the repo); implemented tasks: math, search, toy, toy_multiturn"
+                "only (no task code, data or reward in the repo); implemented tasks: math, search, agent, toy, toy_multiturn"
             )
+        if task.name == "agent":
+            _check_agent_runnable(task)
         if not cfg.generator.get("implemented", True):
             raise ConfigError(
                 f"generator={cfg.generator.backend} is not implemented yet (conf/generator/{cfg.generator.backend}.yaml); "
@@ -398,6 +411,15 @@ def _check_search_files(task: Any) -> None:
         path = task.files.get(key)
         if path and not Path(path).is_file():
             raise MissingFileError(f"file not found: {path} (task.files.{key})")
+def _check_agent_runnable(task: Any) -> None:
+    why = bwrap_available()
+    if why:
+        raise ConfigError(f"task=agent runs every rollout in a bubblewrap sandbox: {why}")
+    if task.source == "rows":
+        for key in ("train", "eval"):
+            path = task.rows.get(key)
+            if path and not Path(path).is_file():
+                raise MissingFileError(f"file not found: {path} (task.rows.{key})")
 
 
 def resolve_config(cfg: DictConfig) -> None:

@@ -1,5 +1,5 @@
 """The model a run starts from: cfg.model.checkpoint, else a random init of cfg.model.preset; for RL on
-math and search, the cached SFT warm start (sft/) unless a checkpoint is given.
+math, search and the agent task, the cached SFT warm start (sft/) unless a checkpoint is given.
 
     model = load_model(cfg)          # eval / smoke / parity: the checkpoint or a random init
     model = initial_model(cfg)       # RL: the SFT warm start where it applies, else load_model(cfg)
@@ -16,6 +16,7 @@ from .config import cfg_get, model_overrides, numerics_spec
 from .models.qwen3_5 import build_model, load_checkpoint
 from .sft import ensure_sft_checkpoint
 from .tasks.registry import SFT_TASKS
+
 
 __all__ = ["initial_model", "load_model", "torch_dtype", "uses_sft_warm_start"]
 
@@ -52,7 +53,7 @@ def load_model(cfg: Any, checkpoint: str | Path | None = None, numerics=None, de
 
 
 def uses_sft_warm_start(cfg: Any) -> bool:
-    """RL on a task with demonstrations (math, search) from a random-init preset starts from the SFT checkpoint
+    """RL on a task with demonstrations (math, search, agent) from a random-init preset starts from the SFT checkpoint
     (rl.sft_warm_start)."""
     return not cfg.model.get("checkpoint") and cfg.task.name in SFT_TASKS and cfg.rl.get("sft_warm_start", True)
 

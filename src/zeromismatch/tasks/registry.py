@@ -1,6 +1,6 @@
 """The RL task a run's config names (cfg.task.name), built over the run's tokenizer.
 
-    task = build_task(cfg)                                  # math / search: over get_tokenizer(cfg)
+    task = build_task(cfg)                                  # math / search / agent: over get_tokenizer(cfg)
     task = build_task(cfg, vocab_size=model.config.vocab_size)   # toy, toy_multiturn: random tokens of that vocabulary
     tok = get_tokenizer(cfg)                                # the run's tokenizer (the task's tiny BPE on tiny presets)
     prepare_task_data(cfg)                                  # the task's offline data (SFT file included), written once
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import cfg_get, file_sha256
+from .agent.task import AgentTask, ensure_agent_data, get_agent_tokenizer
 from .base import Task
 from .math.task import MathTask, ensure_offline_math, model_vocab_size
 from .math.task import get_tokenizer as math_tokenizer
@@ -19,8 +20,9 @@ from .search.task import get_tokenizer as search_tokenizer
 from .toy import ToyTask
 from .toy_multiturn import ToyMultiTurnTask
 
-TOKENIZERS = {"math": math_tokenizer, "search": search_tokenizer, "toy": math_tokenizer}  # toy: random ids, any will do
-SFT_TASKS = ("math", "search")  # tasks with SFT demonstrations (Task.sft_example) for a warm start
+TOKENIZERS = {"math": math_tokenizer, "search": search_tokenizer, "agent": get_agent_tokenizer,
+              "toy": math_tokenizer}  # toy: random ids, any will do
+SFT_TASKS = ("math", "search", "agent")  # tasks with SFT demonstrations (Task.sft_example) for a warm start
 
 
 def get_tokenizer(cfg: Any):
@@ -54,6 +56,8 @@ def prepare_task_data(cfg: Any) -> None:
         ensure_offline_math(task_cfg)
     if name == "search" and cfg_get(task_cfg, "source", "offline") == "offline":
         ensure_offline_search(task_cfg)
+    if name == "agent" and cfg_get(task_cfg, "source", "offline") == "offline":
+        ensure_agent_data(task_cfg)
 
 
 def build_task(cfg: Any, tokenizer=None, *, seed: int | None = None, vocab_size: int | None = None) -> Task:
@@ -80,4 +84,6 @@ def _build(name: str, cfg: Any, task_cfg: Any, tokenizer, seed: int, vocab_size:
         return MathTask(task_cfg, tokenizer if tokenizer is not None else get_tokenizer(cfg), seed=seed)
     if name == "search":
         return SearchTask(task_cfg, tokenizer if tokenizer is not None else get_tokenizer(cfg), seed=seed)
-    raise NotImplementedError(f"task {name!r} has no Task implementation (tasks: math, search, toy, toy_multiturn)")
+    if name == "agent":
+        return AgentTask(task_cfg, tokenizer if tokenizer is not None else get_tokenizer(cfg), seed=seed)
+    raise NotImplementedError(f"task {name!r} has no Task implementation (tasks: math, search, agent, toy, toy_multiturn)")

@@ -1,0 +1,76 @@
+"""Sandboxes for concurrent rollouts: any number alive, at most ``max_concurrent`` of them working at once.
+
+    pool = SandboxPool(limits, max_concurrent=2)
+    box = pool.acquire(spec)          # a fresh sandbox on a free slot (never waits for one)
+    ... box.run(...) ...              # waits while max_concurrent sandboxes are starting / running a command
+    pool.release(box)                 # closes it and frees its slot
+
+A live sandbox between commands (its episode waiting for the model's next turn) costs memory only, so what is
+bounded by the machine's cores is the work: starting a sandbox, a command, a verifier run. Bounding the live
+sandboxes instead would deadlock a rollout worker whose threads wait for slots held by episodes that need those
+threads for their next step. Each live sandbox holds a slot; the slot is also its host uid when the host runs as
+root (sandbox.py), so two live sandboxes never share a process count.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ..base import ToolError
+from .sandbox import Sandbox, SandboxLimits, SandboxSpec
+
+MAX_LIVE = 4096  # slots (host uids uid_base .. uid_base + MAX_LIVE - 1)
+
+
+def default_concurrency() -> int:
+    """The cores this process may use (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+class SandboxPool:
+    def __init__(self, limits: SandboxLimits | None = None, max_concurrent: int | None = None,
+                 max_live: int = MAX_LIVE):
+        self.limits = limits or SandboxLimits()
+        self.max_concurrent = int(max_concurrent or default_concurrency())
+        if self.max_concurrent < 1:
+            raise ValueError(f"task.sandbox_concurrency={max_concurrent!r}: expected an integer >= 1")
+        self.max_live = int(max_live)
+        self.gate = threading.BoundedSemaphore(self.max_concurrent)
+        self._lock = threading.Lock()
+        self._free = list(range(self.max_live))
+        self._slots: dict[int, int] = {}  # id(box) -> slot
+
+    def acquire(self, spec: SandboxSpec) -> Sandbox:
+        with self._lock:
+            if not self._free:
+                raise ToolError(f"more than {self.max_live} sandboxes alive at once")
+            slot = self._free.pop(0)
+        try:
+            box = Sandbox(spec, self.limits, slot=slot, gate=self.gate)
+        except BaseException:
+            self._give(slot)
+            raise
+        with self._lock:
+            self._slots[id(box)] = slot
+        return box
+
+    def release(self, box: Sandbox) -> None:
+        box.close()
+        with self._lock:
+            slot = self._slots.pop(id(box), None)
+        if slot is not None:
+            self._give(slot)
+
+    def _give(self, slot: int) -> None:
+        with self._lock:
+            self._free.append(slot)
+            self._free.sort()
+
+    @property
+    def live(self) -> int:
+        with self._lock:
+            return len(self._slots)
