@@ -3,10 +3,12 @@
 For each model (qwen3_5_mid; a 9B-shaped model: Qwen3.5-9B's width with --layers_9b of its layers, random bf16
 weights), each numerics mode and each concurrency c (1, 16, 64, 256 sequences of --prompt random tokens): the
 engine prefills the c prompts, runs --warmup decode steps, then times --steps decode steps; inter-token
-latency = wall time per step, decode tokens/s = c / latency. Two engine variants in the same process: "after"
-(the CUDA defaults: decode by CUDA-graph replay, batched Gumbel-max sampling on the GPU) and "before" (eager
+latency = wall time per step, decode tokens/s = c / latency. Three engine variants in the same process: "after"
+(the CUDA defaults: decode by CUDA-graph replay, batched Gumbel-max sampling on the GPU), "before" (eager
 forward, every row sampled on the CPU from its generator, as the engine sampled before the device path; fewer
-steps: --before_steps). For "after" the graph replay alone is timed too (GPU time of the forward).
+steps: --before_steps) and "eager_device" (eager forward, GPU sampling: what the graphs alone bring). For
+"after" the graph replay alone is timed too (the forward's GPU time; the rest of a step is host work and
+sampling).
 
 Memory floor per step = (weights read: every parameter but the embedding table, lm_head at bf16; KV read: c x
 the mean context x the attention layers' K and V; GDN state read and written once: c x layers x fp32 ssm) /
@@ -38,7 +40,8 @@ def extra_args(ap):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--before_steps", type=int, default=4)
-    ap.add_argument("--variants", default="after,before")
+    ap.add_argument("--variants", default="after,before,eager_device")
+    ap.add_argument("--eager_device_concurrency", default="1,64", help="eager forward + GPU sampling: at these c")
     ap.add_argument("--deadline_s", type=float, default=420.0, help="stop starting new measurements after this")
 
 
@@ -182,14 +185,17 @@ def main():
             per = entry["modes"][mode] = {}
             for variant in variants:
                 after = variant == "after"
-                steps, warmup = (args.steps, args.warmup) if after else (args.before_steps, 1)
+                graphs, device_sampling = after, variant != "before"
+                steps, warmup = (args.steps, args.warmup) if device_sampling else (args.before_steps, 1)
+                run_c = conc if variant != "eager_device" else [c for c in conc if str(c) in
+                                                                 args.eager_device_concurrency.split(",")]
                 # every prompt's prefill pieces in the same steps: all sequences reach decode together
                 eng = Engine(model, max_slots=max(conc), max_batched_tokens=max(conc) * args.prompt, prefix_caching=False,
                              max_model_len=args.prompt + 2 + args.warmup + max(args.steps, args.before_steps),
-                             cuda_graphs=after, device_sampling=after)
+                             cuda_graphs=graphs, device_sampling=device_sampling)
                 per[variant] = []
                 per.setdefault("memory", eng.memory)
-                for c in conc:
+                for c in run_c:
                     if time.perf_counter() - t_start > args.deadline_s:
                         log("deadline: skipping", name, mode, variant, c)
                         continue
@@ -199,8 +205,8 @@ def main():
                         log("FAILED", name, mode, variant, c, repr(e))
                         per[variant + "_errors"] = per.get(variant + "_errors", []) + [f"c={c}: {e!r}"]
                         eng = Engine(model, max_slots=max(conc), max_batched_tokens=max(conc) * args.prompt,
-                                     prefix_caching=False, max_model_len=eng.max_model_len, cuda_graphs=after,
-                                     device_sampling=after)
+                                     prefix_caching=False, max_model_len=eng.max_model_len, cuda_graphs=graphs,
+                                     device_sampling=device_sampling)
                         continue
                     fb = floor_bytes(model, c, r["ctx_mean"])
                     r["floor_bytes"] = fb

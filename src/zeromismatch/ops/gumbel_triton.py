@@ -14,10 +14,11 @@ BLOCK = 4096
 
 @triton.jit
 def _fmix32(h):
+    """uint32 values held in int64, exactly as ops.gumbel._fmix32 (products wrap; their low 32 bits kept)."""
     h = h ^ (h >> 16)
-    h = h * 0x85EBCA6B
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
     h = h ^ (h >> 13)
-    h = h * 0xC2B2AE35
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
     return h ^ (h >> 16)
 
 
@@ -31,11 +32,12 @@ def _gumbel_argmax_kernel(x_ptr, temp_ptr, thr_ptr, k1_ptr, k2_ptr, vmax_ptr, im
     x = tl.load(x_ptr + row * stride + cols, mask=inside, other=0.0).to(tl.float32)
     temp = tl.load(temp_ptr + row)
     thr = tl.load(thr_ptr + row)
-    k1 = tl.load(k1_ptr + row).to(tl.uint32)
-    k2 = tl.load(k2_ptr + row).to(tl.uint32)
+    k1 = tl.load(k1_ptr + row)  # int64 holding uint32
+    k2 = tl.load(k2_ptr + row)
     greedy = temp == 0.0
-    xs = tl.where(greedy, x, tl.div_rn(x, tl.where(greedy, 1.0, temp)))
-    h = cols.to(tl.uint32) * 0x9E3779B1 + k1
+    denom = tl.zeros_like(x) + (temp + greedy.to(tl.float32))  # 1 for greedy rows (their x is not divided)
+    xs = tl.where(greedy, x, tl.div_rn(x, denom))
+    h = (cols.to(tl.int64) * 0x9E3779B1 + k1) & 0xFFFFFFFF
     h = _fmix32(_fmix32(h) ^ k2)
     u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
     score = tl.where(greedy, xs, xs - tl.log(-tl.log(u)))

@@ -51,7 +51,7 @@ def _decode_attention(q, k, v, q_pos, scale, softmax, matmul):
     rows = pos % TILE
     ar = torch.arange(b, device=q.device)
     qt = q.new_zeros(b, hkv, rep, TILE, d)
-    qt[ar, :, :, rows] = q[:, :, 0].view(b, hkv, rep, d)
+    qt[ar, :, :, rows] = q[:, :, 0].reshape(b, hkv, rep, d)
     scores = matmul(qt.view(b, hkv, rep * TILE, d), k.transpose(-1, -2)) * scale  # [B, Hkv, rep*16, Tk]
     row_pos = (pos // TILE * TILE)[:, None] + torch.arange(TILE, device=q.device)[None, :]
     key_pos = torch.arange(tk, device=q.device)

@@ -3,7 +3,8 @@ the row (exact in any order), then the sum of exp(x - max) block by block, in or
 fixed layout, then exp(x - max) / sum. A block of -inf adds exactly 0 to the sum and writes zeros, so a row
 padded with whole -inf blocks has the same bits in its first blocks: a decode step may read more keys than its
 query needs (a CUDA-graph bucket) and equal the trainer's pass over exactly L keys. Rows never interact and the
-row count is not specialized: batch-invariant. Computed in fp32, stored in the input dtype (as torch.softmax)."""
+row count is not specialized: batch-invariant. Computed in fp32, stored in the input dtype (as torch.softmax).
+Differentiable: the backward is plain torch."""
 
 from __future__ import annotations
 
@@ -30,8 +31,7 @@ def _key_block_softmax_kernel(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
         tl.store(y_ptr + base + c0 + cols, (e / total).to(y_ptr.dtype.element_ty))
 
 
-def key_block_softmax(x: torch.Tensor, block: int) -> torch.Tensor:
-    """x [..., L] with L a multiple of `block`; every row has at least one finite entry."""
+def _forward(x: torch.Tensor, block: int) -> torch.Tensor:
     n_cols = x.shape[-1]
     assert n_cols % block == 0, (x.shape, block)
     x2 = x.reshape(-1, n_cols).contiguous()
@@ -39,3 +39,24 @@ def key_block_softmax(x: torch.Tensor, block: int) -> torch.Tensor:
     if x2.shape[0]:
         _key_block_softmax_kernel[(x2.shape[0],)](x2, y, n_cols, BLOCK=block, num_warps=2)
     return y.view(x.shape)
+
+
+class _KeyBlockSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, block):
+        y = _forward(x, block)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):  # plain torch: the backward need not be invariant
+        (y,) = ctx.saved_tensors
+        yf, gf = y.float(), gy.float()
+        return (yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(y.dtype), None
+
+
+def key_block_softmax(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x [..., L] with L a multiple of `block`; every row has at least one finite entry. Differentiable."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _KeyBlockSoftmax.apply(x, block)
+    return _forward(x, block)
