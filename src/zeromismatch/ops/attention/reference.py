@@ -8,7 +8,10 @@ whole context k, v [B, Hkv, Tk, D]; query p attends to keys 0..p.
   exactly L = 64 * (p // 64 + 1) keys, keys > p masked, softmax over L, then P @ V. The trainer's
   full-sequence pass and the generator's one-token decode step therefore run batched matmuls of the same
   shapes with the same row contents, and agree bit for bit (tests/ops/test_attention.py). The tile is 16
-  rows, not 64, so a decode step wastes 16x, not 64x, of its attention work.
+  rows, not 64, so a decode step wastes 16x, not 64x, of its attention work. On CUDA the softmax is
+  `key_block_softmax` (softmax_triton.py: -inf key blocks add exact zeros), so a decode step may read any whole
+  number of key blocks >= L (the generator's block-table width, a CUDA-graph bucket) with the same bits; the
+  decode path (`single_query`) reads nothing back from the device.
 - `sdpa_attention` (stock): torch SDPA with a causal mask over whatever shape the caller has; fast, but the
   trainer's and the generator's calls have different shapes and need not agree.
 """
