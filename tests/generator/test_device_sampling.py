@@ -72,6 +72,25 @@ def test_engine_with_the_device_sampler_is_batch_invariant(micro_model):
         assert torch.equal(alone.logprob_tensor, together[i].logprob_tensor)
 
 
+@pytest.mark.parametrize("mode", ["bi", "bi_chunk"])
+def test_bucketed_decode_padding_changes_no_bits(micro_model, mode):
+    """The CUDA-graph runner's path (static buffers, a batch padded up to its bucket with rows on the spare slot
+    and block, every block-table width bucketed), run without capture on the CPU: the same tokens and logprob
+    bits as the eager engine, for 3 sequences in the 4-row bucket and each alone."""
+    model = micro_model(mode)
+    prompts = prompts_of([5, 70, 33])
+    params = [SamplingParams(max_new_tokens=14 + 3 * i, seed=i) for i in range(3)]
+    bucketed = Engine(model, max_slots=8, cuda_graphs=True)
+    together = bucketed.generate(prompts, params)
+    assert bucketed.runner.stats["graph_steps"] > 0 and any(bb == 4 for bb, _ in bucketed.runner.graphs)
+    eager = Engine(model, max_slots=8).generate(prompts, params)
+    for i in range(3):
+        alone = Engine(model, max_slots=8, cuda_graphs=True).generate([prompts[i]], [params[i]])[0]
+        for other in (together[i], eager[i]):
+            assert alone.tokens == other.tokens, i
+            assert torch.equal(alone.logprob_tensor, other.logprob_tensor), i
+
+
 def test_batched_chunk_final_states_equals_the_per_row_form():
     """chunk_final_states runs one batched chunked call over every row's last chunk; on CPU its bits equal the
     per-row form it replaced (each row's partial chunk sliced, zero-padded and run alone)."""

@@ -63,7 +63,8 @@ class Engine:
         cuda_graphs: bool | None = None,
         device_sampling: bool | None = None,
     ):
-        """cuda_graphs: capture and replay decode steps (default: on CUDA, for models without routed experts);
+        """cuda_graphs: capture and replay decode steps per batch bucket (default: on CUDA, for models without
+        routed experts; on a CPU device True runs the same bucketed, padded path without capture);
         device_sampling: the batched Gumbel-max sampler on the logits' device (default: on CUDA); off, every row
         draws on the CPU from its request's generator (sampling.py says how the two schemes differ)."""
         if swap_policy not in ("keep", "recompute"):
@@ -71,9 +72,9 @@ class Engine:
         self.model = model
         self.device = torch.device(device or next(model.parameters()).device)
         on_cuda = self.device.type == "cuda"
-        if cuda_graphs and not on_cuda:
-            raise ValueError(f"cuda_graphs=True needs a CUDA model, got device {self.device}")
         self.cuda_graphs = (on_cuda and not model.config.is_moe) if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and on_cuda and model.config.is_moe:
+            raise ValueError("cuda_graphs=True: routed experts dispatch with data-dependent shapes; use cuda_graphs=False")
         self.device_sampling = on_cuda if device_sampling is None else device_sampling
         dtype = next(model.parameters()).dtype
         self.max_slots, self.max_model_len = max_slots, max_model_len

@@ -12,7 +12,8 @@ op's per-row arithmetic is fixed by the row alone, the attention reads `width` b
 past each query and its softmax ignores whole -inf key blocks (ops/attention). The step's ids, positions, slots
 and block tables are copied into the graph's static buffer in one transfer; the logits stay in the graph's
 output buffer until the next replay. Models with routed experts run eagerly (their expert dispatch has
-data-dependent shapes).
+data-dependent shapes). On a CPU device the same bucketed path runs over the same static buffers without
+capture (tests/generator check the padding there, and under Triton's interpreter the CUDA ops' forms).
 
 The Engine sees `execute(work) -> logits` and `load_weights(state_dict)`.
 """
@@ -20,6 +21,7 @@ The Engine sees `execute(work) -> logits` and `load_weights(state_dict)`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -37,9 +39,17 @@ def bucket_of(n: int, buckets: tuple[int, ...]) -> int:
 
 @dataclass
 class _DecodeGraph:
-    graph: torch.cuda.CUDAGraph
     meta: torch.Tensor  # int64 [3B + B*W]: ids | start positions | slots | block tables (row-major)
-    logits: torch.Tensor  # [B, V] fp32, written by every replay
+    forward: Callable[[], torch.Tensor]  # the decode forward over `meta`
+    graph: torch.cuda.CUDAGraph | None  # None off CUDA: `replay` runs `forward` eagerly
+    logits: torch.Tensor | None  # [B, V] fp32, written by every replay
+
+    def replay(self) -> None:
+        if self.graph is None:
+            with torch.no_grad():
+                self.logits = self.forward()
+        else:
+            self.graph.replay()
 
 
 class ModelRunner:
@@ -111,7 +121,7 @@ class ModelRunner:
         g.meta.copy_(host, non_blocking=True)
         with torch.no_grad():
             self.model.lm_head_fp32()  # refreshes, in place, the cast the graph reads if the weights moved
-        g.graph.replay()
+        g.replay()
         self.stats["graph_steps"] += 1
         return g.logits[:b]
 
@@ -128,6 +138,9 @@ class ModelRunner:
         def forward():
             return self.model(ids, cache=view, layout=layout)
 
+        if self.device.type != "cuda":  # the same static buffers and padding, run without capture (CPU checks)
+            self.graphs[(bb, width)] = g = _DecodeGraph(meta, forward, None, None)
+            return g
         with torch.no_grad():
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -141,7 +154,7 @@ class ModelRunner:
             # thread_local: a trainer thread of the same process may use the GPU meanwhile (threaded RL)
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 logits = forward()
-        self.graphs[(bb, width)] = g = _DecodeGraph(graph, meta, logits)
+        self.graphs[(bb, width)] = g = _DecodeGraph(meta, forward, graph, logits)
         self.stats["captures"] += 1
         return g
 
