@@ -5,7 +5,8 @@ emulated in float64 and rounded to fp32 per step). Under that emulation the fuse
 and the default loop-chain kernel against it) must equal the chunked forward bit for bit, as on the GPU; the
 forward must match float64 within 1e-5. Then the whole model path (every op's CUDA form: Triton GEMM, row
 reductions, bmm, the GDN backends' CUDA branches and the cache's in-place slots) generates with the engine and
-rescores with the trainer's forward, for bi and bi_chunk: every logprob must be equal. Head sizes that are not
+rescores with the trainer's forward, for bi and bi_chunk: every logprob must be equal; again with the
+CUDA-graph runner's bucketed decode path (run without capture) and the Gumbel-max device sampler. Head sizes that are not
 powers of two (K = V = 96; K = 128, V = 96; K = 96, V = 40) run padded and masked: the same checks at small
 shapes (decode == chunked rows bitwise, both decode kernels agree, recurrent kernel vs float64) and the micro
 model's engine-vs-trainer check at K = V = 96. About 8 minutes on one core; `--head-sizes` runs only the
@@ -60,10 +61,10 @@ def _set_attr_np2(self, obj, name, value):
 interp._LangPatchScope.set_attr = _set_attr_np2
 
 
-def model_parity(mode, **overrides):
+def model_parity(mode, engine_kw=None, **overrides):
     """Engine generation (continuous batching, prefill pieces, chunk closes, a prefix-cache hit) vs the trainer's
-    packed forward on a micro model (config fields overridden by `overrides`): (sequences whose logprobs are all
-    equal, sequences)."""
+    packed forward on a micro model (config fields overridden by `overrides`; Engine options `engine_kw`):
+    (sequences whose logprobs are all equal, sequences)."""
     from gen_helpers import MICRO, prompts_of
     from zeromismatch.generator import Engine, SamplingParams
     from zeromismatch.models.qwen3_5 import build_model
@@ -72,7 +73,7 @@ def model_parity(mode, **overrides):
     model = build_model("tiny", mode, seed=1, **dict(MICRO, **overrides)).eval()
     prompts = prompts_of([3, 66, 50, 130], seed=2)
     prompts.append(prompts[1][:64] + [7, 8])  # shares a 64-token block with prompt 1
-    eng = Engine(model, max_slots=3, max_batched_tokens=80, max_model_len=256)
+    eng = Engine(model, max_slots=3, max_batched_tokens=80, max_model_len=256, **(engine_kw or {}))
     with torch.no_grad():
         outs = eng.generate(prompts, [SamplingParams(max_new_tokens=20, seed=i) for i in range(len(prompts))])
         seqs = [o.all_tokens for o in outs]
@@ -152,6 +153,10 @@ def main():
     for mode in ("bi", "bi_chunk"):
         equal, total = model_parity(mode)
         print(f"{mode}: engine logprobs == trainer forward for {equal}/{total} sequences")
+        assert equal == total, mode
+        # the CUDA-graph runner's bucketed, padded decode path (run without capture) and the device sampler
+        equal, total = model_parity(mode, engine_kw=dict(cuda_graphs=True, device_sampling=True))
+        print(f"{mode}, bucketed decode + device sampler: engine logprobs == trainer forward for {equal}/{total}")
         assert equal == total, mode
 
 

@@ -8,12 +8,14 @@ Roles, each behind a narrow interface (vLLM v1 style):
                        aligned to block boundaries)
 - kv_cache_manager.py  slots, ref-counted KV blocks and the prefix cache: admit / release / preempt, block
                        allocation, prefix lookup (restores GDN snapshots into the slot) and insertion
-- model_runner.py      builds one varlen batch from the scheduled work and runs the model forward:
+- model_runner.py      builds one varlen batch from the scheduled work (host metadata, one transfer) and runs
+                       the model forward, decode-only steps on CUDA by CUDA-graph replay per batch bucket:
                        execute(work) -> logits of the rows that sample; load_weights(state_dict)
 - cache.py             CacheStorage: per-slot fp32 GDN state + paged KV blocks; BatchCacheView hands a batch's
                        slice to the model (models.layout.CacheView)
 - prefix_cache.py      block-hash prefix cache: shared KV blocks + GDN state snapshots at 64-token boundaries
-- sampling.py          temperature / top-k / top-p with per-request seeds; raw logprobs via ops.logprob
+- sampling.py          temperature / top-k / top-p with per-request seeds; raw logprobs via ops.logprob; on
+                       CUDA batched Gumbel-max keyed by (seed, position) (ops/gumbel.py), on CPU per-row draws
 - sequence.py          Sequence (a request inside the engine) and GenerationOutput
 - episodes.py          EpisodeRunner: a task's episodes over the engine (model turns; environment turns on a
                        thread pool; turn and context limits) -> rl.types.Sample

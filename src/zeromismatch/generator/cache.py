@@ -26,10 +26,14 @@ SNAPSHOT_KEYS = ("conv", "ssm")  # at a chunk boundary nothing else is read
 
 class CacheStorage:
     """Per-slot GDN state of every GDN layer and the paged KV blocks of every attention layer, allocated up front.
-    gdn: the mode's GDN backend (model.numerics.gdn), which declares its per-slot state."""
+    gdn: the mode's GDN backend (model.numerics.gdn), which declares its per-slot state. spare: one more slot and
+    block than the cache manager hands out (slot `max_slots`, block `num_blocks`), which the CUDA-graph runner's
+    padding rows read and write so that padding never touches a real sequence's cache."""
 
-    def __init__(self, cfg, gdn: GDNBackend, max_slots: int, num_blocks: int, device="cpu", dtype=torch.float32):
-        self.max_slots, self.num_blocks = max_slots, num_blocks
+    def __init__(self, cfg, gdn: GDNBackend, max_slots: int, num_blocks: int, device="cpu", dtype=torch.float32,
+                 spare: bool = False):
+        self.max_slots, self.num_blocks, self.spare = max_slots, num_blocks, spare
+        max_slots, num_blocks = max_slots + spare, num_blocks + spare
         self.gdn: dict[int, dict[str, torch.Tensor]] = {}
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
@@ -76,8 +80,14 @@ class _Gather(dict):
 class BatchCacheView:
     """The slice of CacheStorage for the B sequences of one forward call (implements models.layout.CacheView)."""
 
-    def __init__(self, storage: CacheStorage, slots: list[int], block_tables: list[list[int]], device="cpu"):
+    def __init__(self, storage: CacheStorage, slots: list[int] | torch.Tensor, block_tables: list[list[int]] | torch.Tensor,
+                 device="cpu"):
+        """slots [B] and block_tables [B, W] as lists (moved here) or as device tensors (used as they are: the
+        model runner moves them with the rest of the step's metadata)."""
         self.s = storage
+        if torch.is_tensor(slots):
+            self.slots, self.tables = slots, block_tables
+            return
         self.slots = torch.tensor(slots, device=device)
         width = max(1, max(len(t) for t in block_tables))
         self.tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], device=device)
@@ -97,16 +107,15 @@ class BatchCacheView:
             dst[self.slots] = t.detach().to(dst.dtype)
 
     def write_kv(self, layer_idx, k, v, layout: SeqLayout) -> None:
-        seq = torch.repeat_interleave(torch.arange(layout.num_seqs, device=k.device), layout.lengths)
         pos = layout.positions
-        blocks = self.tables[seq, pos // BLOCK_SIZE]
+        blocks = self.tables[layout.seq_index, pos // BLOCK_SIZE]
         self.s.k[layer_idx][blocks, pos % BLOCK_SIZE] = k.detach().to(self.s.k[layer_idx].dtype)
         self.s.v[layer_idx][blocks, pos % BLOCK_SIZE] = v.detach().to(self.s.v[layer_idx].dtype)
 
     def read_kv(self, layer_idx, layout: SeqLayout):
-        """[B, nb*64, Hkv, D] per sequence. Positions past a sequence's context hold whatever the block held
-        before (finite values): every attention form masks keys beyond the query, so they add exact zeros."""
-        ctx = layout.start_pos + layout.lengths
-        nb = (int(ctx.max()) + BLOCK_SIZE - 1) // BLOCK_SIZE
+        """[B, nb*64, Hkv, D] per sequence, nb the blocks of layout.max_ctx (the table holds at least nb columns).
+        Positions past a sequence's context hold whatever the block held before (finite values): every attention
+        form masks keys beyond the query, so they add exact zeros."""
+        nb = (layout.max_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE  # a host bound: no read of the lengths
         tab = self.tables[:, :nb]
         return self.s.k[layer_idx][tab].flatten(1, 2), self.s.v[layer_idx][tab].flatten(1, 2)

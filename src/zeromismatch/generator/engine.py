@@ -26,6 +26,7 @@ sequences also give up a slot when they hold every slot and nothing runs, so wai
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 
@@ -35,9 +36,17 @@ from .cache import BLOCK_SIZE, CacheStorage
 from .kv_cache_manager import BlockAllocator, KVCacheManager
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, sample, sample_on_device
 from .scheduler import Work, schedule
 from .sequence import GenerationOutput, Sequence
+
+log = logging.getLogger(__name__)
+
+
+def _to_host(tokens: torch.Tensor, logprobs: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """The step's one device-to-host transfer: tokens and the fp32 logprob bits in one int32 buffer."""
+    both = torch.stack([tokens.to(torch.int32), logprobs.float().contiguous().view(torch.int32)]).cpu()
+    return both[0].tolist(), both[1].view(torch.float32)
 
 
 class Engine:
@@ -51,20 +60,34 @@ class Engine:
         prefix_caching: bool = True,
         swap_policy: str = "keep",
         device=None,
+        cuda_graphs: bool | None = None,
+        device_sampling: bool | None = None,
     ):
+        """cuda_graphs: capture and replay decode steps per batch bucket (default: on CUDA, for models without
+        routed experts; on a CPU device True runs the same bucketed, padded path without capture);
+        device_sampling: the batched Gumbel-max sampler on the logits' device (default: on CUDA); off, every row
+        draws on the CPU from its request's generator (sampling.py says how the two schemes differ)."""
         if swap_policy not in ("keep", "recompute"):
             raise ValueError(f"swap_policy must be 'keep' or 'recompute', got {swap_policy!r}")
         self.model = model
-        self.device = device or next(model.parameters()).device
+        self.device = torch.device(device or next(model.parameters()).device)
+        on_cuda = self.device.type == "cuda"
+        self.cuda_graphs = (on_cuda and not model.config.is_moe) if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and on_cuda and model.config.is_moe:
+            raise ValueError("cuda_graphs=True: routed experts dispatch with data-dependent shapes; use cuda_graphs=False")
+        self.device_sampling = on_cuda if device_sampling is None else device_sampling
         dtype = next(model.parameters()).dtype
         self.max_slots, self.max_model_len = max_slots, max_model_len
         self.max_batched_tokens = max_batched_tokens
         blocks_per_seq = (max_model_len + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.num_blocks = num_blocks or max_slots * blocks_per_seq + 64
         # the one CacheStorage, shared by the cache manager (slots, blocks, snapshots) and the model runner
-        self.storage = CacheStorage(model.config, model.numerics.gdn, max_slots, self.num_blocks, self.device, dtype)
+        self.storage = CacheStorage(model.config, model.numerics.gdn, max_slots, self.num_blocks, self.device, dtype,
+                                    spare=self.cuda_graphs)
         self.kv = KVCacheManager(self.storage, max_slots, self.num_blocks, prefix_caching)
-        self.runner = ModelRunner(model, self.storage, self.device)
+        self.runner = ModelRunner(model, self.storage, self.device, self.cuda_graphs, blocks_per_seq)
+        self.memory = self.memory_report()
+        log.info("engine memory (bytes, sized from the config): %s", self.memory)
         self.swap_policy = swap_policy
         self.version = 0
         self.waiting: deque[Sequence] = deque()
@@ -110,8 +133,9 @@ class Engine:
         else:
             rid = request_id
         self._live.add(rid)
-        gen = torch.Generator().manual_seed(params.seed if params.seed is not None else rid)
-        seq = Sequence(rid, list(prompt_ids), params, gen, self.version, tokens=list(prompt_ids))
+        seed = params.seed if params.seed is not None else rid
+        seq = Sequence(rid, list(prompt_ids), params, torch.Generator().manual_seed(seed), self.version,
+                       tokens=list(prompt_ids), seed=seed)
         self.waiting.append(seq)
         return rid
 
@@ -166,14 +190,20 @@ class Engine:
         t0 = time.perf_counter()
         logits = self.runner.execute(work, self.tap)
         to_sample = [w.seq for w in work if w.samples]
-        tokens, logprobs = sample(logits, [s.params for s in to_sample], [s.gen for s in to_sample])
+        params = [s.params for s in to_sample]
+        if self.device_sampling:
+            tokens, logprobs = sample_on_device(logits, params, [s.seed for s in to_sample],
+                                                [s.num_tokens for s in to_sample])
+        else:
+            tokens, logprobs = sample(logits, params, [s.gen for s in to_sample])
+        tokens, logprobs = _to_host(tokens, logprobs)
         self.stats["forward_s"] += time.perf_counter() - t0
         self.stats["steps"] += 1
         self.stats["tokens_computed"] += sum(w.n_tokens for w in work)
         for w in work:
             w.seq.num_computed += w.n_tokens
             self.kv.cache_prefix(w.seq)
-        finished = self._append_samples(to_sample, tokens.tolist(), logprobs)
+        finished = self._append_samples(to_sample, tokens, logprobs)
         return [self._retire(s) for s in finished]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationOutput]:
@@ -257,7 +287,7 @@ class Engine:
         for i, (s, tok) in enumerate(zip(seqs, tokens)):
             s.tokens.append(tok)
             s.generated.append(tok)
-            s.logprobs.append(logprobs[i : i + 1].clone())
+            s.logprobs.append(logprobs[i : i + 1])  # a view of this step's host tensor
             s.versions.append(self.version)
             self.stats["tokens_generated"] += 1
             turn_len = len(s.generated) - s.turn_start
@@ -280,12 +310,12 @@ class Engine:
         return self._output(s)
 
     def _output(self, s: Sequence) -> GenerationOutput:
-        lp = torch.cat(s.logprobs[s.turn_start :])
+        lp = torch.cat(s.logprobs[s.turn_start :]).to(self.device)
         return GenerationOutput(
             s.request_id,
             s.prompt_ids,
             list(s.generated),
-            [float(x) for x in torch.cat(s.logprobs)],
+            torch.cat(s.logprobs).tolist(),
             list(s.versions),
             s.admission_version,
             s.finish_reason,
@@ -308,6 +338,13 @@ class Engine:
         vocab = self.model.config.vocab_size
         if ids and (min(ids) < 0 or max(ids) >= vocab):
             raise ValueError(f"{what} has token ids outside [0, {vocab}): min {min(ids)}, max {max(ids)}")
+
+    def memory_report(self) -> dict[str, int]:
+        """What the engine holds on its device, sized from the config: weights, the cache storage (GDN state of
+        max_slots slots, num_blocks KV blocks; the spare slot and block of the graph runner included)."""
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return {"weights": weights, "cache_storage": self.storage.memory_bytes(), "max_slots": self.max_slots,
+                "num_blocks": self.num_blocks, "cuda_graphs": int(self.cuda_graphs)}
 
     def throughput(self) -> dict[str, float]:
         f = max(self.stats["forward_s"], 1e-9)

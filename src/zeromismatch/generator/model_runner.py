@@ -1,26 +1,84 @@
 """Model runner: one forward of the model over a step's scheduled work.
 
-It packs the work's pieces into one varlen batch (input ids, cu_seqlens, start positions), hands the model a
-BatchCacheView of the pieces' slots and block tables, and asks for logits only at the rows that sample. The
-Engine sees `execute(work) -> logits` and `load_weights(state_dict)`: a CUDA-graph runner or a vLLM backend
-plugs in behind these two methods.
+Eager (every step on CPU; prefill and mixed steps on CUDA): the work's pieces are packed into one varlen batch;
+token ids, slots, block tables, the rows that sample and the whole SeqLayout are built on the host and moved
+in one transfer, so the forward reads nothing back.
+
+CUDA graphs (decode-only steps on CUDA, cuda_graphs=True): the decode forward is captured once per (batch
+bucket, block-table width) and replayed. A step of B sequences runs in the smallest bucket >= B; the padding
+rows read and write the storage's spare slot and spare block only, with token 0 at position 0. Batch invariance
+(bi, bi_chunk) makes the padding change no real row's bits (tests/gpu/test_gpu_generator.py asserts it): every
+op's per-row arithmetic is fixed by the row alone, the attention reads `width` blocks of keys, masks the ones
+past each query and its softmax ignores whole -inf key blocks (ops/attention). The step's ids, positions, slots
+and block tables are copied into the graph's static buffer in one transfer; the logits stay in the graph's
+output buffer until the next replay. Models with routed experts run eagerly (their expert dispatch has
+data-dependent shapes). On a CPU device the same bucketed path runs over the same static buffers without
+capture (tests/generator check the padding there, and under Triton's interpreter the CUDA ops' forms).
+
+The Engine sees `execute(work) -> logits` and `load_weights(state_dict)`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
-from .cache import BatchCacheView, CacheStorage
+from ..ops.varlen import SeqLayout
+from .cache import BLOCK_SIZE, BatchCacheView, CacheStorage
 from .scheduler import Work
+
+GRAPH_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def bucket_of(n: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket >= n (buckets ascending; n <= the last)."""
+    return next(b for b in buckets if b >= n)
+
+
+@dataclass
+class _DecodeGraph:
+    meta: torch.Tensor  # int64 [3B + B*W]: ids | start positions | slots | block tables (row-major)
+    forward: Callable[[], torch.Tensor]  # the decode forward over `meta`
+    graph: torch.cuda.CUDAGraph | None  # None off CUDA: `replay` runs `forward` eagerly
+    logits: torch.Tensor | None  # [B, V] fp32, written by every replay
+
+    def replay(self) -> None:
+        if self.graph is None:
+            with torch.no_grad():
+                self.logits = self.forward()
+        else:
+            self.graph.replay()
 
 
 class ModelRunner:
-    def __init__(self, model, storage: CacheStorage, device):
+    def __init__(self, model, storage: CacheStorage, device, cuda_graphs: bool = False, max_blocks_per_seq: int = 64):
         self.model, self.storage, self.device = model, storage, device
+        self.cuda_graphs = cuda_graphs
+        if cuda_graphs:
+            assert storage.spare, "CUDA graphs need the storage's spare slot and block (CacheStorage(spare=True))"
+        slots = storage.max_slots
+        self.batch_buckets = tuple(b for b in GRAPH_BATCH_BUCKETS if b < slots) + (slots,)
+        width, self.width_buckets = 1, []
+        while width < max_blocks_per_seq:
+            self.width_buckets.append(width)
+            width *= 2
+        self.width_buckets = tuple(self.width_buckets) + (max_blocks_per_seq,)
+        self.graphs: dict[tuple[int, int], _DecodeGraph] = {}
+        self.pool = None
+        self.stats = {"graph_steps": 0, "eager_steps": 0, "captures": 0}
 
     def execute(self, work: list[Work], tap=None) -> torch.Tensor:
         """fp32 logits [R, V], one row per piece that samples (Work.samples), in work order.
         tap(name, activation [N, ...], layout, request_ids): the audit hook, called by every tapped op."""
+        if self.cuda_graphs and tap is None and all(w.n_tokens == 1 for w in work):
+            return self._replay(work)
+        return self._eager(work, tap)
+
+    # ------------------------------------------------------------------------------------------ eager
+    def _eager(self, work: list[Work], tap) -> torch.Tensor:
+        self.stats["eager_steps"] += 1
         ids, cu, start, rows = [], [0], [], []
         for w in work:
             s = w.seq
@@ -29,25 +87,81 @@ class ModelRunner:
             start.append(s.num_computed)
             if w.samples:
                 rows.append(cu[-1] - 1)
-        view = BatchCacheView(self.storage, [w.seq.slot for w in work], [w.seq.block_table for w in work], self.device)
+        b, width = len(work), max(1, max(len(w.seq.block_table) for w in work))
+        tables = [t + [0] * (width - len(t)) for t in (w.seq.block_table for w in work)]
+        payload = torch.tensor(ids + [w.seq.slot for w in work] + rows + [x for t in tables for x in t])
+        layout = SeqLayout.build(cu, start, self.device, payload=payload)
+        d_ids, d_slots, d_rows, d_tables = torch.split(layout.payload, [len(ids), b, len(rows), b * width])
+        view = BatchCacheView(self.storage, d_slots, d_tables.view(b, width))
         model_tap = None
         if tap is not None:
             rids = [w.seq.request_id for w in work]
             model_tap = lambda name, x, lay: tap(name, x, lay, rids)
         with torch.no_grad():
-            return self.model(
-                torch.tensor(ids, device=self.device),
-                cu,
-                start_pos=torch.tensor(start, device=self.device),
-                cache=view,
-                logits_rows=torch.tensor(rows, device=self.device, dtype=torch.long),
-                tap=model_tap,
-            )
+            return self.model(d_ids, cache=view, logits_rows=d_rows, tap=model_tap, layout=layout)
+
+    # ----------------------------------------------------------------------------------- CUDA graphs
+    def _replay(self, work: list[Work]) -> torch.Tensor:
+        b = len(work)
+        bb = bucket_of(b, self.batch_buckets)
+        need = max((w.seq.num_computed + 1 + BLOCK_SIZE - 1) // BLOCK_SIZE for w in work)
+        width = bucket_of(need, self.width_buckets)
+        g = self.graphs.get((bb, width)) or self._capture(bb, width)
+        spare_slot, spare_block = self.storage.max_slots, self.storage.num_blocks
+        pad = bb - b
+        tables = []
+        for w in work:
+            t = w.seq.block_table[:width]
+            tables.extend(t + [spare_block] * (width - len(t)))
+        host = torch.tensor(
+            [w.seq.tokens[w.seq.num_computed] for w in work] + [0] * pad
+            + [w.seq.num_computed for w in work] + [0] * pad
+            + [w.seq.slot for w in work] + [spare_slot] * pad
+            + tables + [spare_block] * (pad * width))
+        g.meta.copy_(host, non_blocking=True)
+        with torch.no_grad():
+            self.model.lm_head_fp32()  # refreshes, in place, the cast the graph reads if the weights moved
+        g.replay()
+        self.stats["graph_steps"] += 1
+        return g.logits[:b]
+
+    def _capture(self, bb: int, width: int) -> _DecodeGraph:
+        """Capture the decode forward of `bb` rows over `width` blocks of keys. The warm-up and the capture see
+        only padding rows (spare slot and block), so no real sequence's cache is touched."""
+        meta = torch.zeros(3 * bb + bb * width, dtype=torch.long, device=self.device)
+        meta[2 * bb : 3 * bb] = self.storage.max_slots
+        meta[3 * bb :] = self.storage.num_blocks
+        ids, start, slots, tables = torch.split(meta, [bb, bb, bb, bb * width])
+        layout = SeqLayout.decode(start, max_ctx=width * BLOCK_SIZE)
+        view = BatchCacheView(self.storage, slots, tables.view(bb, width))
+
+        def forward():
+            return self.model(ids, cache=view, layout=layout)
+
+        if self.device.type != "cuda":  # the same static buffers and padding, run without capture (CPU checks)
+            self.graphs[(bb, width)] = g = _DecodeGraph(meta, forward, None, None)
+            return g
+        with torch.no_grad():
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # compiles every kernel and fills lazily built tables first
+                forward()
+                forward()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: a trainer thread of the same process may use the GPU meanwhile (threaded RL)
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                logits = forward()
+        self.graphs[(bb, width)] = g = _DecodeGraph(meta, forward, graph, logits)
+        self.stats["captures"] += 1
+        return g
 
     @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy every parameter from state_dict; checks names and shapes before copying anything, so a failed
-        load never leaves half-new weights."""
+        load never leaves half-new weights. In place: the captured graphs read the same tensors."""
         params = dict(self.model.named_parameters())
         missing = set(params) - set(state_dict)
         if missing:

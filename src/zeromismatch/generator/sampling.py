@@ -1,5 +1,13 @@
 """Sampling with per-request seeds. The returned logprob is the RAW (untempered, unfiltered) log p of the
-sampled token, through the same op the trainer uses (ops.logprob.token_logprobs)."""
+sampled token, through the same op the trainer uses (ops.logprob.token_logprobs).
+
+Two schemes, one per device path of the engine:
+- `sample` (CPU, and the CUDA engine with device_sampling=False): each row draws from its request's
+  torch.Generator over `filtered_probs` (multinomial on the CPU), as every CPU result so far was made.
+- `sample_on_device` (CUDA): batched Gumbel-max on the device keyed by (seed, position) (ops/gumbel.py): no
+  per-row host work, no generator state, a row's token a function of its seed, position and logits only.
+Both draw from the same filtered distribution (tests/generator/test_sampling.py, tests/gpu/test_gpu_generator.py).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..ops.gumbel import gumbel_argmax, nucleus_threshold, row_key
 from ..ops.logprob import token_logprobs
 
 
@@ -61,3 +70,20 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.
             tokens.append(int(torch.multinomial(probs.cpu(), 1, generator=g)))
     tok = torch.tensor(tokens, device=logits.device)
     return tok, token_logprobs(logits, tok)
+
+
+def sample_on_device(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]):
+    """logits [R, V] fp32 -> (tokens [R] long, raw logprobs [R] fp32), on the logits' device. Row r's token is
+    Gumbel-max over its filtered logits keyed by (seeds[r], positions[r]). The rows' temperatures and keys go
+    to the device in one transfer; top-k / top-p rows get their threshold from device ops, one row at a time."""
+    r = len(params)
+    keys = [row_key(sd, pos) for sd, pos in zip(seeds, positions)]
+    meta = torch.tensor([[float(p.temperature) for p in params], [k[0] for k in keys], [k[1] for k in keys]],
+                        dtype=torch.float64).to(logits.device, non_blocking=True)
+    temperature, k1, k2 = meta[0].float(), meta[1].long(), meta[2].long()
+    threshold = torch.full((r,), float("-inf"), device=logits.device)
+    for i, p in enumerate(params):
+        if p.temperature > 0 and (0 < p.top_k < logits.shape[1] or p.top_p < 1.0):
+            threshold[i : i + 1] = nucleus_threshold(logits[i].float() / temperature[i], p.top_k, p.top_p)
+    tokens = gumbel_argmax(logits, temperature, threshold, k1, k2)
+    return tokens, token_logprobs(logits, tokens)

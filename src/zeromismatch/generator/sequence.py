@@ -30,11 +30,12 @@ class Sequence:
     gen: torch.Generator
     admission_version: int
     tokens: list[int] = field(default_factory=list)
+    seed: int = 0  # the device sampler's key: a token's draw is a function of (seed, its position, its logits)
     num_computed: int = 0
     slot: int = -1  # -1: holds no cache (waiting, preempted, or released)
     block_table: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
-    logprobs: list[torch.Tensor] = field(default_factory=list)
+    logprobs: list[torch.Tensor] = field(default_factory=list)  # one fp32 [1] host tensor per generated token
     versions: list[int] = field(default_factory=list)
     turn_start: int = 0  # index into `generated` where the current turn starts
     looked_up: bool = False

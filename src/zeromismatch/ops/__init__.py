@@ -10,4 +10,5 @@ imported lazily (CPU machines have no triton) and are tested against the torch f
 - gdn/           gated delta rule: the reference forms, one backend per GDN form, the Triton kernels
 - attention/     causal GQA attention: a batch-invariant blocked form and the stock SDPA form
 - logprob.py     the one token-logprob op shared by trainer and generator
+- gumbel.py      the generator's device sampler: counter-based hash noise keyed by (seed, position), Gumbel-max
 """

@@ -135,12 +135,17 @@ class RotaryTable(nn.Module):
             self.pieces[key] = (freqs.cos(), freqs.sin())
         return self.pieces[key]
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n_pieces = int(positions.max()) // self.PIECE + 1 if positions.numel() else 1
-        parts = [self._piece(i, positions.device) for i in range(n_pieces)]
-        cos = torch.cat([p[0] for p in parts])[positions]
-        sin = torch.cat([p[1] for p in parts])[positions]
-        return cos, sin
+    def _table(self, n_pieces: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (-n_pieces, str(device))  # the first n_pieces pieces, concatenated once
+        if key not in self.pieces:
+            parts = [self._piece(i, device) for i in range(n_pieces)]
+            self.pieces[key] = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+        return self.pieces[key]
+
+    def forward(self, positions: torch.Tensor, max_ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [N], all < max_ctx (a host bound: the table is sized without reading positions back)."""
+        cos, sin = self._table(max(max_ctx - 1, 0) // self.PIECE + 1, positions.device)
+        return cos[positions], sin[positions]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -171,7 +176,7 @@ class GatedAttention(nn.Module):
         q = self.q_norm(q)
         k = self.k_norm(self.k_proj(x, nx).view(n, self.hkv, self.d))
         v = self.v_proj(x, nx).view(n, self.hkv, self.d)
-        cos, sin = self._rope[0](lay.positions)
+        cos, sin = self._rope[0](lay.positions, lay.max_ctx)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         ctx.record(f"layers.{self.layer_idx}.attn.qkv", torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], -1))
 
@@ -181,7 +186,8 @@ class GatedAttention(nn.Module):
             ctx.cache.write_kv(self.layer_idx, k, v, lay)
             kk, vv = ctx.cache.read_kv(self.layer_idx, lay)
         qq = lay.to_padded(q).transpose(1, 2)
-        o = nx.attention(qq, kk.transpose(1, 2), vv.transpose(1, 2), lay.padded_positions, 1.0 / math.sqrt(self.d))
+        o = nx.attention(qq, kk.transpose(1, 2), vv.transpose(1, 2), lay.padded_positions, 1.0 / math.sqrt(self.d),
+                         single_query=lay.decode_only)
         o = lay.to_packed(o.transpose(1, 2)).reshape(n, self.hq * self.d)
         ctx.record(f"layers.{self.layer_idx}.attn.core", o)
         return self.o_proj(o * nx.sigmoid(gate), nx)
@@ -326,14 +332,19 @@ class Qwen35ForCausalLM(nn.Module):
         cache=None,
         logits_rows: torch.Tensor | None = None,
         tap=None,
+        layout: SeqLayout | None = None,
     ) -> torch.Tensor:
+        """layout: the call's SeqLayout when the caller built it (the generator: host metadata moved in one
+        transfer, or the CUDA-graph runner's static buffers); cu_seqlens and start_pos are then ignored."""
         if input_ids.dim() == 2:  # [B, T] equal-length sequences
             b, t = input_ids.shape
             cu_seqlens = list(range(0, b * t + 1, t))
             input_ids = input_ids.reshape(-1)
         if cu_seqlens is None:
             cu_seqlens = [0, input_ids.shape[0]]
-        ctx = ForwardContext(SeqLayout.build(cu_seqlens, start_pos, input_ids.device), cache, tap)
+        if layout is None:
+            layout = SeqLayout.build(cu_seqlens, start_pos, input_ids.device)
+        ctx = ForwardContext(layout, cache, tap)
         nx = self.numerics
         h = self.model.embed_tokens(input_ids)
         ctx.record("embed", h)
@@ -344,7 +355,25 @@ class Qwen35ForCausalLM(nn.Module):
         if logits_rows is not None:
             h = h[logits_rows]
         # lm_head in fp32 whatever the activation dtype
-        return nx.linear(h.float(), self.lm_head.weight.float())
+        return nx.linear(h.float(), self.lm_head_fp32())
+
+    def lm_head_fp32(self) -> torch.Tensor:
+        """The lm_head weight in fp32. Without autograd the cast is kept until the weight changes (its version
+        counter moves on every in-place update: update_weights, an optimizer step), then refreshed in place, so
+        a captured CUDA graph reads the new values too: a 9B decode step would otherwise write and read a 4 GB
+        copy each time. Same values as .float() either way."""
+        w = self.lm_head.weight
+        if torch.is_grad_enabled() or w.dtype == torch.float32:
+            return w.float()
+        key = (w.data_ptr(), w._version)
+        cached = getattr(self, "_lm_head_cache", None)
+        if cached is None or cached[1].shape != w.shape or cached[1].device != w.device:
+            cached = self._lm_head_cache = [key, w.float()]
+        elif cached[0] != key:
+            with torch.no_grad():
+                cached[1].copy_(w)
+            cached[0] = key
+        return cached[1]
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

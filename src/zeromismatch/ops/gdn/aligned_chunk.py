@@ -99,12 +99,13 @@ def _cached_triton(mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDN
     store, slots = view.gdn_slots(layer_idx)
     q, k, v, gg, bb = heads.prepare_packed(mixed, g, beta, layout)
     r = layout.start_pos % CHUNK  # rows already in the open chunk
-    if bool((layout.lengths == 1).all()):
+    if layout.decode_only:
         return chunk_decode_triton(q[:, :, 0], k[:, :, 0], v[:, :, 0], gg[:, :, 0], bb[:, :, 0], slots, r, store,
                                    variant=decode_kernel)
     b, hv, width_new = q.shape[0], q.shape[1], q.shape[2]
     n = layout.lengths
-    width = (int((r + n).max()) // CHUNK + 1) * CHUNK  # one chunk past the last token: the new open chunk
+    # one chunk past the last token (the new open chunk); from the host's start positions and lengths
+    width = (max(st % CHUNK + m for st, m in zip(layout.start_host, layout.lengths_host)) // CHUNK + 1) * CHUNK
     idx = _open_chunk_index(r, n, width, zero_row=CHUNK + width_new)
 
     def place(cached, new):  # [B, HV, C, ...] rows of the open chunk + [B, HV, L, ...] new -> [B, HV, width, ...]

@@ -33,8 +33,7 @@ class ChunkGDN(GDNBackend):
         return layout.to_packed(chunk_output(q, k, v, gg, bb, state).transpose(1, 2))
 
     def cached(self, mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDNStateView, layer_idx: int) -> torch.Tensor:
-        decode = layout.lengths == 1
-        if bool(decode.all()):
+        if layout.decode_only:
             return recurrent_cached(mixed, g, beta, heads, layout, view, layer_idx)
         ssm0 = view.gdn_state(layer_idx)["ssm"]
         q, k, v, gg, bb = heads.prepare_packed(mixed, g, beta, layout)
@@ -42,7 +41,9 @@ class ChunkGDN(GDNBackend):
         padded = to_chunks(q, k, v, gg, bb)
         o, states = chunk_fwd(*padded, ssm0.float())
         o, ssm = o[:, :, :t], chunk_final_states(*padded, states, layout.lengths)
-        if bool(decode.any()):
+        decode_rows = [i for i, n in enumerate(layout.lengths_host) if n == 1]  # host fact: no device read
+        if decode_rows:
+            decode = torch.tensor(decode_rows).to(q.device, non_blocking=True)
             o_r, s_r = recurrent_fwd(*(x[decode] for x in (q, k, v, gg, bb)), ssm0[decode].float())
             o[decode], ssm[decode] = o_r, s_r
         view.set_gdn_state(layer_idx, {"ssm": ssm})

@@ -73,8 +73,7 @@ def recurrent_cached(mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: G
 
         # the trainer's kernel, reading and writing the state in place in the cache's [slots, HV, K, V] tensor
         storage, slots = view.gdn_slots(layer_idx)
-        cu = torch.tensor(layout.cu_seqlens, device=mixed.device, dtype=torch.int32)
-        return recurrent_fwd_triton(*heads.split(mixed), g, beta, cu, storage["ssm"], slots)
+        return recurrent_fwd_triton(*heads.split(mixed), g, beta, layout.cu_device, storage["ssm"], slots)
     ssm = view.gdn_state(layer_idx)["ssm"]
     q, k, v, gg, bb = heads.prepare_packed(mixed, g, beta, layout)
     o, state = recurrent_fwd(q, k, v, gg, bb, ssm.float(), layout.lengths)

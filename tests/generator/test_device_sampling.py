@@ -1,0 +1,114 @@
+"""The device sampler's scheme (sampling.sample_on_device, ops/gumbel.py) on CPU tensors, where it runs the torch
+form of the same hash and Gumbel-max: it draws from the same filtered distribution as `sample` (Pearson
+chi-square, the thresholds and negative controls of test_sampling.py), a row's token is a function of (seed,
+position, logits) alone, and the engine produces the same outputs with it whatever the batch. The Triton form
+is checked against this one and for the same properties on the GPU (tests/gpu/test_gpu_generator.py)."""
+
+import pytest
+import torch
+from gen_helpers import prompts_of
+from test_sampling import CASES, LOGITS, N, assert_matches, reference
+
+from zeromismatch.generator import Engine
+from zeromismatch.generator.sampling import SamplingParams, sample_on_device
+from zeromismatch.ops.gdn.constants import CHUNK
+from zeromismatch.ops.gdn.naive import chunk_final_states, chunk_fwd, pad_time, prepare_qk, to_chunks
+from zeromismatch.ops.gumbel import hash_bits, row_key
+
+
+def draws(kw, n=N, seed=5):
+    """n draws for one logits row: successive positions of one request."""
+    tok, _ = sample_on_device(LOGITS.expand(n, -1), [SamplingParams(**kw)] * n, [seed] * n, list(range(n)))
+    return torch.bincount(tok, minlength=len(LOGITS))
+
+
+@pytest.mark.parametrize("kw", CASES, ids=[str(c) for c in CASES])
+def test_device_scheme_follows_the_filtered_distribution(kw):
+    wrong = reference(LOGITS, temperature=1.5) if kw == dict(temperature=1.0) else reference(LOGITS)
+    assert_matches(draws(kw), reference(LOGITS, **kw), wrong=wrong)
+
+
+def test_hash_words_are_uniform_and_keyed():
+    k = [row_key(s, p) for s, p in [(0, 0), (0, 1), (1, 0)]]
+    assert len(set(k)) == 3
+    k1, k2 = torch.tensor([a for a, _ in k]), torch.tensor([b for _, b in k])
+    h = hash_bits(k1, k2, 1 << 16)
+    assert int(h.min()) >= 0 and int(h.max()) < 1 << 32
+    assert not torch.equal(h[0], h[1]) and not torch.equal(h[0], h[2])
+    u = (h >> 9).double() / 2**23
+    assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
+    bits = torch.stack([(h >> i) & 1 for i in range(32)]).double().mean(dim=(1, 2))
+    assert float((bits - 0.5).abs().max()) < 0.01
+
+
+def test_a_rows_token_depends_only_on_seed_position_and_logits():
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(11))
+    params = [SamplingParams(temperature=0.8 + 0.1 * i, top_k=10 * (i % 2), top_p=1.0 - 0.1 * (i % 3)) for i in range(6)]
+    seeds, pos = [100 + i for i in range(6)], [7 * i for i in range(6)]
+    full, lp = sample_on_device(logits, params, seeds, pos)
+    for i in range(6):
+        alone, lp1 = sample_on_device(logits[i : i + 1], [params[i]], [seeds[i]], [pos[i]])
+        assert int(alone) == int(full[i]) and torch.equal(lp1[0], lp[i])
+    assert torch.equal(lp, torch.log_softmax(logits, -1).gather(-1, full[:, None]).squeeze(-1))
+    other = [sample_on_device(logits[:1], [params[0]], [s], [0])[0].item() for s in range(40)]
+    assert len(set(other)) > 5, "different seeds must give different draws"
+
+
+def test_temperature_zero_is_argmax():
+    logits = torch.randn(50, 300, generator=torch.Generator().manual_seed(8))
+    tok, _ = sample_on_device(logits, [SamplingParams(temperature=0.0, top_k=5, top_p=0.3)] * 50, list(range(50)), [0] * 50)
+    assert torch.equal(tok, logits.argmax(-1))
+
+
+def test_engine_with_the_device_sampler_is_batch_invariant(micro_model):
+    """bi on CPU: the same requests alone and together give the same tokens and logprob bits."""
+    model = micro_model("bi")
+    prompts = prompts_of([5, 70, 33, 9])
+    params = [SamplingParams(max_new_tokens=12, seed=i, temperature=0.9, top_p=0.95) for i in range(4)]
+    together = Engine(model, max_slots=4, device_sampling=True).generate(prompts, params)
+    for i in range(4):
+        alone = Engine(model, max_slots=1, device_sampling=True).generate([prompts[i]], [params[i]])[0]
+        assert alone.tokens == together[i].tokens
+        assert torch.equal(alone.logprob_tensor, together[i].logprob_tensor)
+
+
+@pytest.mark.parametrize("mode", ["bi", "bi_chunk"])
+def test_bucketed_decode_padding_changes_no_bits(micro_model, mode):
+    """The CUDA-graph runner's path (static buffers, a batch padded up to its bucket with rows on the spare slot
+    and block, every block-table width bucketed), run without capture on the CPU: the same tokens and logprob
+    bits as the eager engine, for 3 sequences in the 4-row bucket and each alone."""
+    model = micro_model(mode)
+    prompts = prompts_of([5, 70, 33])
+    params = [SamplingParams(max_new_tokens=14 + 3 * i, seed=i) for i in range(3)]
+    bucketed = Engine(model, max_slots=8, cuda_graphs=True)
+    together = bucketed.generate(prompts, params)
+    assert bucketed.runner.stats["graph_steps"] > 0 and any(bb == 4 for bb, _ in bucketed.runner.graphs)
+    eager = Engine(model, max_slots=8).generate(prompts, params)
+    for i in range(3):
+        alone = Engine(model, max_slots=8, cuda_graphs=True).generate([prompts[i]], [params[i]])[0]
+        for other in (together[i], eager[i]):
+            assert alone.tokens == other.tokens, i
+            assert torch.equal(alone.logprob_tensor, other.logprob_tensor), i
+
+
+def test_batched_chunk_final_states_equals_the_per_row_form():
+    """chunk_final_states runs one batched chunked call over every row's last chunk; on CPU its bits equal the
+    per-row form it replaced (each row's partial chunk sliced, zero-padded and run alone)."""
+    g = torch.Generator().manual_seed(0)
+    lens = torch.tensor([5, 64, 130, 77, 1, 128])
+    b, h, dk, dv, t = len(lens), 4, 32, 16, int(lens.max())
+    live = (torch.arange(t)[None] < lens[:, None]).float()
+    q, k = prepare_qk(torch.randn(b, t, 2, dk, generator=g) * live[..., None, None],
+                      torch.randn(b, t, 2, dk, generator=g) * live[..., None, None], h)
+    v = torch.randn(b, h, t, dv, generator=g) * live[:, None, :, None]
+    gg, bb = -torch.rand(b, h, t, generator=g) * live[:, None], torch.rand(b, h, t, generator=g) * live[:, None]
+    padded = to_chunks(q, k, v, gg, bb)
+    _, states = chunk_fwd(*padded, torch.randn(b, h, dk, dv, generator=g))
+    got = chunk_final_states(*padded, states, lens)
+    for i, n in enumerate(lens.tolist()):
+        c, r = divmod(n, CHUNK)
+        want = states[i : i + 1, :, c]
+        if r:
+            sl = slice(c * CHUNK, c * CHUNK + r)
+            want = chunk_fwd(*(pad_time(x[i : i + 1, :, sl], CHUNK) for x in padded), want)[1][:, :, 1]
+        assert torch.equal(got[i : i + 1], want), i
