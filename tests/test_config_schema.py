@@ -74,11 +74,6 @@ def test_every_experiment_validates(exp, tmp_path):
         with pytest.raises(MissingFileError, match=r"^file not found: checkpoints/qwen3_5_9b \(model.checkpoint"):
             check_runnable(_compose(f"+exp={exp}", *over), cuda_available=True)
         check_runnable(_compose(f"+exp={exp}", *over, f"model.checkpoint={tmp_path}"), cuda_available=True)
-    elif exp.startswith("agent_"):
-        task = cfg.task.name
-        for cuda in (False, True):
-            with pytest.raises(ConfigError, match=rf"^task={task} is not implemented yet: conf/task/{task}.yaml"):
-                check_runnable(cfg, cuda_available=cuda)
     elif exp.startswith("agent_"):  # the published task rows are local files: absent here, named at once
         for cuda in (False, True):
             with pytest.raises(MissingFileError, match=r"^file not found: data/agent/train.jsonl \(task.rows.train\)$"):
@@ -153,8 +148,6 @@ def test_what_this_machine_cannot_run():
     assert cuda.startswith("device=cuda: this machine has no CUDA device (torch ") and cuda.endswith("; use device=cpu")
     assert _error("model=qwen3_5_9b") == "model=qwen3_5_9b needs a GPU (device=cuda); on this CPU use model=tiny, tiny_moe or qwen3_5_mid"
     assert _error("generator=vllm") == "generator=vllm is not implemented yet (conf/generator/vllm.yaml); use generator=embedded"
-    assert _error("task=agent").startswith("task=agent is not implemented yet")
-    check_config(_compose("task=agent", "job=smoke"), cuda_available=False)  # smoke reads no task
     check_config(_compose("task=search"), cuda_available=False)
     assert _error("task=search", "task.source=files", "task.files.train=/x.parquet", "task.files.eval=/y.parquet") == (
         "task.files.corpus=null and task.retriever.url=null: give a corpus JSONL to serve or a running retriever's URL "
@@ -204,7 +197,7 @@ def _run(cwd: Path, *args: str, debug: bool = False) -> tuple[subprocess.Complet
     [
         (["rl.steps=abc"], "error: rl.steps='abc': expected an integer >= 1 (conf/rl/default.yaml)"),
         (["rl.offpolicy=-3"], "error: rl.offpolicy=-3: expected an integer >= 0 (conf/rl/default.yaml)"),
-        (["+exp=agent_op4_bi"], "error: task=agent is not implemented yet: conf/task/agent.yaml records the published recipe only"),
+        (["+exp=agent_op4_bi"], "error: file not found: data/agent/train.jsonl (task.rows.train)"),
         (["+exp=search_op4_bi"], "error: file not found: data/search_r1/train.parquet (task.files.train)"),
         (["rl.foo=1"], "error: rl.foo: unknown key; Could not override 'rl.foo'; To append to your config use +rl.foo=1"),
     ],
