@@ -14,7 +14,13 @@ import hashlib
 import os
 from pathlib import Path
 
-import bm25s
+# bm25s takes its top-k through JAX when JAX is installed, and JAX on a GPU machine claims the GPU and
+# preallocates ~75% of its memory at first use: every RL process importing the task registry would then starve
+# the trainer and the generator of GPU memory. Retrieval is a CPU job: keep JAX on the CPU (a user's explicit
+# JAX_PLATFORMS wins).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import bm25s  # noqa: E402
 import numpy as np
 
 from ..base import locked, publish_dir
