@@ -4,6 +4,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from zeromismatch.tasks.agent.pool import SandboxPool
 from zeromismatch.tasks.agent.sandbox import Sandbox, SandboxSpec, _remove_orphans, parse_reward
 
@@ -83,6 +85,27 @@ def test_pool_bounds_work_not_live_sandboxes():
     for b in boxes:
         pool.release(b)
     assert pool.live == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="slot uids exist only when the host runs as root")
+def test_two_pools_never_share_a_uid():
+    """A second run on the same machine (here: a second pool) skips uids a live sandbox of the first holds,
+    so its sandboxes' start-up kill never reaches the first run's processes."""
+    first, second = SandboxPool(SMALL, max_concurrent=1), SandboxPool(SMALL, max_concurrent=1)
+    a = first.acquire(SandboxSpec())
+    try:
+        a.run("sleep 30 &")
+        b = second.acquire(SandboxSpec())
+        try:
+            assert b.uid != a.uid
+            assert a.run("echo alive").output.strip() == "alive"  # b's start did not kill a's uid
+        finally:
+            second.release(b)
+    finally:
+        first.release(a)
+    c = second.acquire(SandboxSpec())  # a's uid is free again once a is gone
+    assert c.uid == a.uid
+    second.release(c)
 
 
 def test_dirs_of_dead_processes_are_removed(tmp_path):

@@ -14,13 +14,29 @@ root (sandbox.py), so two live sandboxes never share a process count.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 import threading
+from pathlib import Path
 
 from ..base import ToolError
 from .sandbox import Sandbox, SandboxLimits, SandboxSpec
 
 MAX_LIVE = 4096  # slots (host uids uid_base .. uid_base + MAX_LIVE - 1)
+UID_LOCKS = Path(tempfile.gettempdir()) / "zeromismatch-sandbox-uids"
+
+
+def claim_uid(uid: int) -> int | None:
+    """An open fd holding an exclusive flock on ``uid``'s lock file, or None if another process holds it."""
+    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(UID_LOCKS / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def default_concurrency() -> int:
@@ -43,12 +59,23 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._free = list(range(self.max_live))
         self._slots: dict[int, int] = {}  # id(box) -> slot
+        self._claims: dict[int, int] = {}  # slot -> fd of its uid lock (root only)
+        self._claim_uids = os.geteuid() == 0  # as another user every sandbox runs as that user: no uid to share
+
+    def _take_slot(self) -> int:
+        with self._lock:
+            for i, slot in enumerate(self._free):
+                fd = claim_uid(self.limits.uid_base + slot) if self._claim_uids else -1
+                if fd is not None:
+                    del self._free[i]
+                    if fd >= 0:
+                        self._claims[slot] = fd
+                    return slot
+        raise ToolError(f"more than {self.max_live} sandboxes alive at once (uids {self.limits.uid_base}.. "
+                        "counted over every process on this machine)")
 
     def acquire(self, spec: SandboxSpec) -> Sandbox:
-        with self._lock:
-            if not self._free:
-                raise ToolError(f"more than {self.max_live} sandboxes alive at once")
-            slot = self._free.pop(0)
+        slot = self._take_slot()
         try:
             box = Sandbox(spec, self.limits, slot=slot, gate=self.gate)
         except BaseException:
@@ -67,6 +94,9 @@ class SandboxPool:
 
     def _give(self, slot: int) -> None:
         with self._lock:
+            fd = self._claims.pop(slot, None)
+            if fd is not None:
+                os.close(fd)  # drops the flock: another process may take this uid now
             self._free.append(slot)
             self._free.sort()
 
