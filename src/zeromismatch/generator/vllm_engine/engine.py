@@ -18,8 +18,10 @@ recomputed, AReaL-style); weight swaps keep in-flight caches (policy 'keep' only
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -57,6 +59,30 @@ def _worker(worker):
     return worker
 
 
+@contextlib.contextmanager
+def _odd_module_attributes_hidden():
+    """vLLM's CPU worker rebinds Triton kernels by scanning every attribute of every loaded module and reading
+    `vars(value).get("kernel")`; an object whose __getattr__ answers `__dict__` with something else (llvmlite's
+    lazy `ffi.lib`, loaded here through numba) makes that scan fail. Such attributes are hidden while vLLM starts."""
+    hidden = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            try:
+                odd = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+            except Exception:
+                odd = True
+            if odd:
+                hidden.append((namespace, attr, namespace.pop(attr)))
+    try:
+        yield
+    finally:
+        for namespace, attr, value in hidden:
+            namespace[attr] = value
+
+
 def start_llm(model_dir: Path, *, dtype, max_slots: int, max_model_len: int, max_batched_tokens: int, seed: int = 0):
     """A vllm.LLM in this process on `model_dir` (our architecture registered first)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -66,13 +92,13 @@ def start_llm(model_dir: Path, *, dtype, max_slots: int, max_model_len: int, max
 
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, _MODEL_PATH)
-    return LLM(model=str(model_dir), dtype=dtype, enforce_eager=True, enable_prefix_caching=False,
-               skip_tokenizer_init=True, max_num_seqs=max_slots, max_model_len=max_model_len,
-               max_num_batched_tokens=max(max_batched_tokens, max_model_len), seed=seed,
-               # a partly prefilled seeded request rewinds its torch.Generator's offset, which a CPU
-               # generator does not have (RuntimeError in vLLM 0.32's CPU runner): prompts prefill whole
-               enable_chunked_prefill=False,
-               logprobs_mode="raw_logprobs", disable_log_stats=True)
+    with _odd_module_attributes_hidden():
+        return LLM(model=str(model_dir), dtype=dtype, enforce_eager=True, enable_prefix_caching=False,
+                   skip_tokenizer_init=True, max_num_seqs=max_slots, max_model_len=max_model_len,
+                   max_num_batched_tokens=max(max_batched_tokens, max_model_len), seed=seed,
+                   # a partly prefilled seeded request rewinds its torch.Generator's offset, which a CPU
+                   # generator does not have (RuntimeError in vLLM 0.32's CPU runner): prompts prefill whole
+                   enable_chunked_prefill=False, logprobs_mode="raw_logprobs", disable_log_stats=True)
 
 
 class _Request:
@@ -90,7 +116,8 @@ class VLLMEngine:
     update_weights / has_work / throughput, `version`, `max_model_len`, `tap`) over vLLM."""
 
     def __init__(self, model, max_slots: int = 64, max_batched_tokens: int = 2048, max_model_len: int = 4096,
-                 swap_policy: str = "keep", seed: int = 0, workdir: str | None = None):
+                 swap_policy: str = "keep", seed: int = 0, workdir: str | None = None, native: bool = False):
+        """native: vLLM's own Qwen3.5 class on our checkpoint (native.py) instead of our model."""
         if swap_policy != "keep":
             raise ValueError(f"generator=vllm: swap_policy={swap_policy!r} is not supported; use keep")
         self.config = model.config
@@ -207,7 +234,8 @@ class VLLMEngine:
         batch = self.model_runner.input_batch
 
         def tap(name, x, layout):
-            ids = [self.running[vid].rid for vid in batch.req_ids[: layout.num_seqs]]
+            # the runner's ids are ours with a suffix vLLM adds ("<rid>.<turn>-<random>")
+            ids = [int(vid.split(".", 1)[0]) for vid in batch.req_ids[: layout.num_seqs]]
             audit_tap(name, x, layout, ids)
 
         return tap
