@@ -266,4 +266,7 @@ class VLLMEngine:
         return {"generated_tokens_per_s": self.stats["tokens_generated"] / f, **self.stats}
 
     def close(self) -> None:
+        """Stop vLLM's engine core and drop the model directory."""
+        self.engine.engine_core.shutdown()
+        self.llm = self.engine = self.vllm_model = self.model_runner = None
         self._tmp.cleanup()
