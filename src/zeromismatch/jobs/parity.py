@@ -38,7 +38,7 @@ def main(cfg) -> dict:
         max_new_tokens=max_new,
         seed=int(job.get("seed", 0)),
         max_slots=max_slots,
-        audit=bool(job.get("audit", True)) and cfg.generator.backend != "vllm_native",  # no taps in vLLM's model
+        audit=bool(job.get("audit", True)),
         make_engine=make_engine,
     )
     print(f"model={cfg.model.preset} numerics={cfg.numerics.name} generator={cfg.generator.backend} "

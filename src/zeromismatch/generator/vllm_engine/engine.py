@@ -36,7 +36,7 @@ from ...models.qwen3_5.checkpoint import save_checkpoint
 from ..sampling import SamplingParams
 from ..sequence import GenerationOutput
 from .model import ARCHITECTURE, NUMERICS_FILE
-from .native import qwen3_next_tensors, write_native_dir
+from .native import NativeTaps, qwen3_next_tensors, write_native_dir
 
 _MODEL_PATH = "zeromismatch.generator.vllm_engine.model:ZeroMismatchForCausalLM"
 
@@ -151,6 +151,8 @@ class VLLMEngine:
         worker = self.llm.collective_rpc(_worker)[0]  # in process: the worker object itself
         self.model_runner = worker.model_runner
         self.vllm_model = self.model_runner.get_model()
+        # vLLM's own model: the audit's taps by forward hooks (native.NativeTaps), a subset of our op names
+        self.native_taps = NativeTaps(self.vllm_model) if native else None
         self.version = 0
         self.requests: dict[int, _Request] = {}  # live (running or parked) requests by our id
         self.running: dict[str, _Request] = {}  # by vLLM request id
@@ -211,10 +213,11 @@ class VLLMEngine:
 
     # ---------------------------------------------------------------------------------------- step
     def step(self) -> list[GenerationOutput]:
-        if self.native and self.tap is not None:
-            raise ValueError("generator=vllm_native: vLLM's own model has no activation taps (run the audit with generator=vllm)")
-        if not self.native:
-            self.vllm_model.tap = self._tap() if self.tap is not None else None
+        tap = self._tap() if self.tap is not None else None
+        if self.native:
+            self.native_taps.tap = tap
+        else:
+            self.vllm_model.tap = tap
         t0 = time.perf_counter()
         outs = self.engine.step()
         self.stats["forward_s"] += time.perf_counter() - t0

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from vllm.forward_context import get_forward_context
 
 from ...ops.gdn import GDNHeads
+from ...ops.varlen import SeqLayout
 
 ARCHITECTURE = "Qwen3NextForCausalLM"
 
@@ -84,3 +86,42 @@ def write_native_dir(model, out_dir: str | Path) -> Path:
     save_file(qwen3_next_tensors(model), out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(qwen3_next_config(model), indent=2, sort_keys=True) + "\n")
     return out
+
+
+class NativeTaps:
+    """The audit's activation taps on vLLM's Qwen3-Next model, by forward hooks, under our op names: embed,
+    layers.i.mixer_out and layers.i.mlp_out (the residual stream after the mixer / the MLP: vLLM's decoder layer
+    returns (mlp output, stream before it), their sum is the stream after it) and final_norm. ``tap`` (name, x,
+    layout) is called while set; the call's layout is built from vLLM's batch metadata."""
+
+    def __init__(self, vllm_model):
+        self.tap = None
+        self.layout = None
+        inner = vllm_model.model
+        vllm_model.register_forward_pre_hook(self._start, with_kwargs=True)
+        inner.embed_tokens.register_forward_hook(lambda m, a, out: self._record("embed", out))
+        for i, layer in enumerate(inner.layers):
+            layer.register_forward_hook(self._layer_hook(i))
+        inner.norm.register_forward_hook(lambda m, a, out: self._record("final_norm", out[0] if isinstance(out, tuple) else out))
+
+    def _start(self, module, args, kwargs):
+        self.layout = None
+        metadata = get_forward_context().attn_metadata
+        if self.tap is None or not metadata:
+            return
+        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+        qsl = next(md.query_start_loc for md in metadata.values() if getattr(md, "query_start_loc", None) is not None)
+        cu = qsl.tolist()
+        self.layout = SeqLayout.build(cu, positions[torch.tensor(cu[:-1], dtype=torch.long)], positions.device)
+
+    def _record(self, name: str, x: torch.Tensor) -> None:
+        if self.tap is not None and self.layout is not None:
+            self.tap(name, x[: self.layout.cu_seqlens[-1]], self.layout)
+
+    def _layer_hook(self, i: int):
+        def hook(module, args, out):
+            hidden, residual = out
+            self._record(f"layers.{i}.mixer_out", residual)
+            self._record(f"layers.{i}.mlp_out", hidden + residual)
+
+        return hook
