@@ -36,7 +36,7 @@ from ...models.qwen3_5.checkpoint import save_checkpoint
 from ..sampling import SamplingParams
 from ..sequence import GenerationOutput
 from .model import ARCHITECTURE, NUMERICS_FILE
-from .native import NativeTaps, qwen3_next_tensors, write_native_dir
+from .native import NativeTaps, write_native_dir
 
 _MODEL_PATH = "zeromismatch.generator.vllm_engine.model:ZeroMismatchForCausalLM"
 
@@ -107,7 +107,7 @@ def start_llm(model_dir: Path, *, dtype, max_slots: int, max_model_len: int, max
 
 
 class _Weights:
-    """A state dict with the model's config: what native.qwen3_next_tensors reads."""
+    """A state dict with the model's config: what native.write_native_dir reads."""
 
     def __init__(self, config, state: dict[str, torch.Tensor]):
         self.config, self._state = config, state
@@ -135,7 +135,7 @@ class VLLMEngine:
 
     def __init__(self, model, max_slots: int = 64, max_batched_tokens: int = 2048, max_model_len: int = 4096,
                  swap_policy: str = "keep", seed: int = 0, workdir: str | None = None, native: bool = False):
-        """native: vLLM's own Qwen3.5 class on our checkpoint (native.py) instead of our model."""
+        """native: vLLM's own Qwen3-Next class on our weights (native.py) instead of our model."""
         if swap_policy != "keep":
             raise ValueError(f"generator=vllm: swap_policy={swap_policy!r} is not supported; use keep")
         self.config = model.config
@@ -145,20 +145,24 @@ class VLLMEngine:
         out = Path(self._tmp.name) / "model"
         self.model_dir = write_native_dir(model, out) if native else write_model_dir(model, out)
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        self.llm = start_llm(self.model_dir, dtype=dtype, max_slots=max_slots, max_model_len=max_model_len,
-                             max_batched_tokens=max_batched_tokens, seed=seed)
-        self.engine = self.llm.llm_engine
-        worker = self.llm.collective_rpc(_worker)[0]  # in process: the worker object itself
-        self.model_runner = worker.model_runner
-        self.vllm_model = self.model_runner.get_model()
-        # vLLM's own model: the audit's taps by forward hooks (native.NativeTaps), a subset of our op names
-        self.native_taps = NativeTaps(self.vllm_model) if native else None
+        self._llm_args = dict(dtype=dtype, max_slots=max_slots, max_model_len=max_model_len,
+                              max_batched_tokens=max_batched_tokens, seed=seed)
+        self._start(self.model_dir)
         self.version = 0
         self.requests: dict[int, _Request] = {}  # live (running or parked) requests by our id
         self.running: dict[str, _Request] = {}  # by vLLM request id
         self._next = 0
         self.tap = None
         self.stats = {"steps": 0, "forward_s": 0.0, "tokens_generated": 0}
+
+    def _start(self, model_dir: Path) -> None:
+        self.llm = start_llm(model_dir, **self._llm_args)
+        self.engine = self.llm.llm_engine
+        worker = self.llm.collective_rpc(_worker)[0]  # in process: the worker object itself
+        self.model_runner = worker.model_runner
+        self.vllm_model = self.model_runner.get_model()
+        # vLLM's own model: the audit's taps by forward hooks (native.NativeTaps), a subset of our op names
+        self.native_taps = NativeTaps(self.vllm_model) if self.native else None
 
     # ------------------------------------------------------------------------------------- requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None, request_id: int | None = None) -> int:
@@ -271,14 +275,26 @@ class VLLMEngine:
         """Copy the trainer's weights into the running vLLM model in place; in-flight requests keep their caches."""
         if (policy or "keep") != "keep":
             raise ValueError(f"generator=vllm: swap policy {policy!r} is not supported; use keep")
-        if self.native:  # vLLM's Qwen3-Next names and layouts (native.py)
-            state = qwen3_next_tensors(_Weights(self.config, state_dict))
+        if self.native:
+            self._restart_native(state_dict)
         else:
             state = {k: v.detach() for k, v in state_dict.items()}
             if self.config.tie_word_embeddings:
                 state.pop("lm_head.weight", None)
-        self.llm.collective_rpc(_push_weights, args=(state,))
+            self.llm.collective_rpc(_push_weights, args=(state,))
         self.version = self.version + 1 if version is None else version
+
+    def _restart_native(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """vllm_native's weight push: a new vLLM engine on the new weights. vLLM 0.32's in-place reload
+        (collective_rpc("reload_weights")) leaves the CPU fused-MoE expert weights wrong after their post-load
+        repacking (the logprob gap to the trainer grows from ~0.015 to ~0.27), so the native arm restarts instead,
+        between requests only."""
+        if self.running:
+            raise RuntimeError("generator=vllm_native: weights are pushed by restarting vLLM, which needs no request "
+                               "in flight (use rl.deterministic=true)")
+        self.engine.engine_core.shutdown()
+        write_native_dir(_Weights(self.config, {k: v.detach() for k, v in state_dict.items()}), self.model_dir)
+        self._start(self.model_dir)
 
     def throughput(self) -> dict[str, float]:
         f = max(self.stats["forward_s"], 1e-9)

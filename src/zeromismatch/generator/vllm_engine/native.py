@@ -83,7 +83,7 @@ def write_native_dir(model, out_dir: str | Path) -> Path:
     """config.json + model.safetensors for vLLM's Qwen3NextForCausalLM."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(qwen3_next_tensors(model), out / "model.safetensors", metadata={"format": "pt"})
+    save_file(qwen3_next_tensors(model), out / "model.safetensors", metadata={"format": "pt"})  # replaces a stale one
     (out / "config.json").write_text(json.dumps(qwen3_next_config(model), indent=2, sort_keys=True) + "\n")
     return out
 
