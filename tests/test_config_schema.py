@@ -4,6 +4,7 @@ run.py says so in seconds, exit status 2, before it writes any data."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -147,7 +148,12 @@ def test_what_this_machine_cannot_run():
     cuda = _error("device=cuda")
     assert cuda.startswith("device=cuda: this machine has no CUDA device (torch ") and cuda.endswith("; use device=cpu")
     assert _error("model=qwen3_5_9b") == "model=qwen3_5_9b needs a GPU (device=cuda); on this CPU use model=tiny, tiny_moe or qwen3_5_mid"
-    assert _error("generator=vllm") == "generator=vllm is not implemented yet (conf/generator/vllm.yaml); use generator=embedded"
+    if importlib.util.find_spec("vllm") is None:
+        assert _error("generator=vllm") == ("generator=vllm needs vLLM: pip install -e '.[vllm]' (or "
+                                            "scripts/install_vllm.sh), or use generator=embedded")
+    else:
+        assert _error("generator=vllm", "rl.disaggregated=true") == (
+            "generator=vllm runs in the trainer's process: rl.disaggregated=true is not supported")
     check_config(_compose("task=search"), cuda_available=False)
     assert _error("task=search", "task.source=files", "task.files.train=/x.parquet", "task.files.eval=/y.parquet") == (
         "task.files.corpus=null and task.retriever.url=null: give a corpus JSONL to serve or a running retriever's URL "

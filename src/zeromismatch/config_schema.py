@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -235,8 +236,10 @@ RL: Group = {
 GENERATOR: dict[str, Group] = {  # conf/generator/<backend>.yaml, by generator.backend
     "embedded": {"backend": STR, "max_slots": POSITIVE_INT, "max_batched_tokens": POSITIVE_INT,
                  "max_model_len": integer(1, optional=True), "prefix_caching": BOOL},
-    "vllm": {"backend": STR, "implemented": BOOL, "tensor_parallel_size": POSITIVE_INT,
-             "gpu_memory_utilization": number(0, 1, lo_open=True), "enforce_eager": BOOL},
+    "vllm": {"backend": STR, "max_slots": POSITIVE_INT, "max_batched_tokens": POSITIVE_INT,
+             "max_model_len": integer(1, optional=True)},
+    "vllm_native": {"backend": STR, "max_slots": POSITIVE_INT, "max_batched_tokens": POSITIVE_INT,
+                    "max_model_len": integer(1, optional=True)},
 }  # fmt: skip
 
 TRAINER: Group = {
@@ -368,11 +371,8 @@ def check_runnable(cfg: Any, cuda_available: bool | None = None) -> None:
             )
         if task.name == "agent":
             _check_agent_runnable(task)
-        if not cfg.generator.get("implemented", True):
-            raise ConfigError(
-                f"generator={cfg.generator.backend} is not implemented yet (conf/generator/{cfg.generator.backend}.yaml); "
-                "use generator=embedded"
-            )
+    if job in (*TASK_JOBS, "parity") and cfg.generator.backend != "embedded":
+        _check_vllm_runnable(cfg)
     if job in TASK_JOBS and task.name == "search" and task.get("source") == "files":
         _check_search_files(task)
     if job == "plot":
@@ -468,3 +468,15 @@ def hydra_error_line(ex: BaseException) -> str:
         else:
             parts.append([line.removeprefix("In 'config': ").rstrip(".")])
     return "; ".join(p[0] + (" " + ", ".join(p[1:]) if len(p) > 1 else "") for p in parts)
+
+
+def _check_vllm_runnable(cfg) -> None:
+    """generator=vllm / vllm_native: vLLM installed, one process, the CPU build's device."""
+    backend = cfg.generator.backend
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"generator={backend} needs vLLM: pip install -e '.[vllm]' (or scripts/install_vllm.sh), "
+                          "or use generator=embedded")
+    if cfg.job.name == "rl" and cfg.rl.get("disaggregated", False):
+        raise ConfigError(f"generator={backend} runs in the trainer's process: rl.disaggregated=true is not supported")
+    if cfg.job.name == "rl" and cfg.rl.get("swap_policy", "keep") != "keep":
+        raise ConfigError(f"rl.swap_policy={cfg.rl.swap_policy!r}: generator={backend} supports keep only")

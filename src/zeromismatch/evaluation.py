@@ -15,6 +15,7 @@ from typing import Any
 
 from .config import cfg_get
 from .generator import Engine, SamplingParams
+from .generator.backends import build_engine
 from .generator.episodes import EpisodeLimits, EpisodeRunner
 
 VALIDATION_METRIC = "validation_reward/_mean"
@@ -30,13 +31,7 @@ def make_engine(model, prompts: list[list[int]], max_new_tokens: int, cfg_genera
     longest = max((len(p) for p in prompts), default=1)
     default_len = max(longest + max_new_tokens, max_context_tokens or 0)
     max_model_len = int(cfg_get(cfg_generator, "max_model_len", None) or default_len)
-    return Engine(
-        model,
-        max_slots=max(1, min(int(cfg_get(cfg_generator, "max_slots", 64)), len(prompts))),
-        max_batched_tokens=int(cfg_get(cfg_generator, "max_batched_tokens", 2048)),
-        max_model_len=max_model_len,
-        prefix_caching=bool(cfg_get(cfg_generator, "prefix_caching", True)),
-    )
+    return build_engine(model, cfg_generator, max_model_len=max_model_len, max_slots=len(prompts))
 
 
 def evaluate(

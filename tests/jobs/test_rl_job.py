@@ -104,8 +104,8 @@ def test_disaggregated_checkpoint_and_resume(tmp_path):
 
 def test_failed_run_is_marked_failed(tmp_path):
     """A run that fails before its first metric leaves its folder with status.json saying so, in one line."""
-    with pytest.raises(NotImplementedError):
-        rl_job.main(cfg_for(tmp_path, "bad", "generator.backend=vllm", "rl.steps=2"))
+    with pytest.raises(ValueError):
+        rl_job.main(cfg_for(tmp_path, "bad", "generator.backend=bogus", "rl.steps=2"))
     status = json.loads((tmp_path / "bad" / "status.json").read_text())
-    assert status["status"] == "failed" and status["error"].startswith("NotImplementedError: generator backend 'vllm'")
+    assert status["status"] == "failed" and status["error"].startswith("ValueError: generator.backend='bogus'")
     assert "\n" not in status["error"]

@@ -9,7 +9,7 @@ from pathlib import Path
 ARMS = {  # numerics, generator backend
     "bi": ("bi", "embedded"),
     "stock": ("stock", "embedded"),
-    "vllm_native": ("stock", "vllm"),
+    "vllm_native": ("stock", "vllm_native"),
 }
 
 

@@ -135,8 +135,8 @@ def test_grouping_by_config(matrix):
 def test_arm_of():
     assert arm_of(synth.config("bi", 4)) == "bi"
     assert arm_of(synth.config("bi_chunk", 4)) == "bi_chunk"
-    assert arm_of(synth.config("stock", 4, backend="vllm")) == "vllm_native"
-    assert arm_of(synth.config("bi", 4, backend="vllm")) == "bi+vllm"
+    assert arm_of(synth.config("stock", 4, backend="vllm_native")) == "vllm_native"
+    assert arm_of(synth.config("bi", 4, backend="vllm")) == "bi"  # our model inside vLLM: the bi arm
     assert arm_of({"numerics": {"name": "stock"}}) == "stock"
 
 

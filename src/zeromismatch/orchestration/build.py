@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import copy
 
-from ..generator import Engine, SamplingParams
+from ..generator import SamplingParams
+from ..generator.backends import build_engine
 from ..rl.losses import loss_config
 from ..rl.offpolicy import RunAheadBuffer
 from ..trainer.trainer import Trainer
@@ -75,14 +76,8 @@ def build_rollout_worker(cfg, model, task, *, version: int, resume: dict | None 
     rl, gen = cfg.rl, cfg.generator
     limits, per_turn = episode_settings(cfg, task)
     max_prompt = int(rl.get("max_prompt_len", 512))
-    engine = Engine(
-        model,
-        max_slots=int(gen.max_slots),
-        max_batched_tokens=int(gen.max_batched_tokens),
-        max_model_len=int(gen.max_model_len or max(max_prompt + per_turn, limits.max_context_tokens or 0)),
-        prefix_caching=bool(gen.prefix_caching),
-        swap_policy=rl.swap_policy,
-    )
+    engine = build_engine(model, gen, swap_policy=rl.swap_policy, seed=int(cfg.seed),
+                          max_model_len=int(gen.max_model_len or max(max_prompt + per_turn, limits.max_context_tokens or 0)))
     engine.version = version
     if resume:
         buffer = resume["buffer"]

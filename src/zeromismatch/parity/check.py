@@ -23,7 +23,10 @@ from .audit import ActivationAudit
 __all__ = ["ParityCheck", "check_parity", "compare_logprobs", "generate", "random_prompts", "run_parity"]
 
 
-def random_prompts(n: int, vocab: int, seed: int, min_len: int = 3, max_len: int = 150) -> list[list[int]]:
+PROMPT_MAX_LEN = 150  # run_parity's longest prompt
+
+
+def random_prompts(n: int, vocab: int, seed: int, min_len: int = 3, max_len: int = PROMPT_MAX_LEN) -> list[list[int]]:
     """``n`` prompts of random token ids, lengths uniform in [min_len, max_len], fixed by ``seed``."""
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(min_len, max_len + 1, (n,), generator=g)
@@ -106,14 +109,18 @@ def check_parity(model, prompts: list[list[int]], params: list[SamplingParams], 
     return ParityCheck(outputs, engine, stats, equal)
 
 
-def run_parity(model, *, n_prompts=16, max_new_tokens=24, seed=0, max_slots=8, audit=True, temperature=1.0) -> dict:
+def run_parity(model, *, n_prompts=16, max_new_tokens=24, seed=0, max_slots=8, audit=True, temperature=1.0,
+               make_engine=None) -> dict:
     """The mismatch audit of `job=parity`: ``check_parity`` on ``n_prompts`` random prompts (3-150 tokens),
     then, with ``audit``, the same generation replayed with activation taps against the trainer's
     activations (``ActivationAudit``). Returns compare_logprobs' numbers, the generator's throughput and
-    the audit (table, first divergence, first diverging op per token, per-op stats)."""
+    the audit (table, first divergence, first diverging op per token, per-op stats). ``make_engine``: a
+    callable returning the engine of each pass (generator=vllm / vllm_native); default the embedded Engine."""
     prompts = random_prompts(n_prompts, model.config.vocab_size, seed)
     params = [SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed * 1000 + i) for i in range(n_prompts)]
     schedule = {"max_slots": max_slots, "max_batched_tokens": 256}
+    if make_engine is not None:
+        schedule["engine"] = make_engine()
     res = check_parity(model, prompts, params, **schedule)
     result = {**res.stats, "generator": dict(res.engine.throughput())}
     if audit:
@@ -122,6 +129,8 @@ def run_parity(model, *, n_prompts=16, max_new_tokens=24, seed=0, max_slots=8, a
             next_token_logprobs(model, [o.all_tokens for o in res.outputs], tap=aud.trainer_tap)
         # replay: same engine settings, same seeds -> the same schedule and samples, now tapped
         index_of: dict[int, int] = {}
+        if make_engine is not None:
+            schedule["engine"] = make_engine()
         replay, _ = generate(model, prompts, params, **schedule, tap=aud.generator_tap_for(index_of), request_index=index_of)
         if any(r.tokens != o.tokens for r, o in zip(replay, res.outputs)):
             raise RuntimeError("replay sampled different tokens: the engine is not deterministic")

@@ -2,8 +2,8 @@
 
 A run is one directory written by zeromismatch.logging.MetricsLogger: config.json (the resolved run config)
 plus metrics.jsonl and/or an offline W&B run under wandb/. Runs are grouped by (task.name, model.preset,
-arm, rl.offpolicy), where the arm is numerics.name (bi, bi_chunk, stock), or vllm_native for a stock run
-with generator.backend=vllm. Several runs in one group (seeds) are averaged step by step by the figures.
+arm, rl.offpolicy), where the arm is numerics.name (bi, bi_chunk, stock), or vllm_native for a run with
+generator.backend=vllm_native. Several runs in one group (seeds) are averaged step by step by the figures.
 """
 
 from __future__ import annotations
@@ -51,14 +51,13 @@ def config_value(config: Any, dotted: str, default: Any = None) -> Any:
 
 
 def arm_of(config: dict) -> str:
-    """numerics.name, or vllm_native for stock numerics on the vLLM generator (the write-up's third arm)."""
+    """numerics.name (our model, on the embedded engine or inside vLLM: the same arithmetic), or vllm_native for
+    vLLM's own model (generator.backend=vllm_native, the write-up's third arm)."""
     numerics = str(config_value(config, "numerics.name", "unknown"))
     backend = str(config_value(config, "generator.backend", "embedded"))
-    if backend in ("embedded", ""):
+    if backend in ("embedded", "", "vllm"):
         return numerics
-    if numerics == "stock":
-        return f"{backend}_native"
-    return f"{numerics}+{backend}"
+    return backend
 
 
 def arm_sort_key(arm: str) -> tuple:

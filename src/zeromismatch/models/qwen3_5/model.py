@@ -336,6 +336,14 @@ class Qwen35ForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """layout: the call's SeqLayout when the caller built it (the generator: host metadata moved in one
         transfer, or the CUDA-graph runner's static buffers); cu_seqlens and start_pos are then ignored."""
+        h = self.final_hidden(input_ids, cu_seqlens, start_pos=start_pos, cache=cache, tap=tap, layout=layout)
+        if logits_rows is not None:
+            h = h[logits_rows]
+        return self.logits(h)
+
+    def final_hidden(self, input_ids, cu_seqlens=None, *, start_pos=None, cache=None, tap=None, layout=None):
+        """The final-norm hidden states [N, H] of `forward` (a host engine that picks its logit rows itself, as
+        vLLM does, calls this and then `logits`)."""
         if input_ids.dim() == 2:  # [B, T] equal-length sequences
             b, t = input_ids.shape
             cu_seqlens = list(range(0, b * t + 1, t))
@@ -352,10 +360,11 @@ class Qwen35ForCausalLM(nn.Module):
             h = layer(h, ctx, nx)
         h = self.model.norm(h)
         ctx.record("final_norm", h)
-        if logits_rows is not None:
-            h = h[logits_rows]
-        # lm_head in fp32 whatever the activation dtype
-        return nx.linear(h.float(), self.lm_head_fp32())
+        return h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of final-norm hidden rows: the lm_head in fp32 whatever the activation dtype."""
+        return self.numerics.linear(h.float(), self.lm_head_fp32())
 
     def lm_head_fp32(self) -> torch.Tensor:
         """The lm_head weight in fp32. Without autograd the cast is kept until the weight changes (its version

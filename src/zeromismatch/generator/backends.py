@@ -1,0 +1,35 @@
+"""The generator engine a config asks for (cfg.generator.backend): the embedded Engine, or vLLM running our
+model (`vllm`) or its own Qwen3.5 implementation (`vllm_native`). All three answer the Engine's interface."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .engine import Engine
+
+BACKENDS = ("embedded", "vllm", "vllm_native")
+
+
+def _get(cfg: Any, key: str, default):
+    if cfg is None:
+        return default
+    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+    return default if value is None else value
+
+
+def build_engine(model, cfg_generator: Any, *, max_model_len: int, max_slots: int | None = None,
+                 swap_policy: str = "keep", seed: int = 0):
+    """An engine over ``model``'s weights with cfg.generator's knobs (``max_slots`` caps cfg's slots)."""
+    backend = str(_get(cfg_generator, "backend", "embedded"))
+    slots = int(_get(cfg_generator, "max_slots", 64))
+    slots = max(1, min(slots, max_slots)) if max_slots else slots
+    batched = int(_get(cfg_generator, "max_batched_tokens", 2048))
+    if backend == "embedded":
+        return Engine(model, max_slots=slots, max_batched_tokens=batched, max_model_len=max_model_len,
+                      prefix_caching=bool(_get(cfg_generator, "prefix_caching", True)), swap_policy=swap_policy)
+    if backend in ("vllm", "vllm_native"):
+        from .vllm_engine.engine import VLLMEngine
+
+        return VLLMEngine(model, max_slots=slots, max_batched_tokens=batched, max_model_len=max_model_len,
+                          swap_policy=swap_policy, seed=seed, native=backend == "vllm_native")
+    raise ValueError(f"generator.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
