@@ -228,6 +228,7 @@ RL: Group = {
     "tis_cap": number(0, lo_open=True, optional=True),
     "icepop": Check(lambda v: v is None or (list_of(number(0), 2).ok(v) and v[0] <= v[1]), "null or [low, high] with 0 <= low <= high"),
     "swap_policy": one_of("keep", "recompute"), "deterministic": BOOL, "disaggregated": BOOL,
+    "backend": one_of("threaded", "ray"),
     "dynamic_sampling": BOOL, "staleness_split": BOOL, "checkpoint_every": COUNT, "max_prompt_len": POSITIVE_INT,
     "sft_warm_start": BOOL,
 }  # fmt: skip
@@ -251,6 +252,14 @@ LOGGING: Group = {
               "group": OPT_STR, "tags": list_of(STR)},
 }  # fmt: skip
 
+_RESOURCES: Group = {"num_cpus": number(0), "num_gpus": number(0)}
+RAY: Group = {
+    "address": OPT_STR, "num_cpus": POSITIVE_INT, "num_gpus": COUNT, "object_store_mb": integer(75),
+    "generators": POSITIVE_INT, "trainer_ranks": Check(lambda v: _is_int(v) and v >= 1 and v & (v - 1) == 0, "a power of two >= 1"),
+    "generator_resources": _RESOURCES, "trainer_resources": _RESOURCES, "max_restarts": COUNT,
+    "weight_sync": one_of("auto", "gloo", "nccl", "cuda_ipc"),
+}  # fmt: skip
+
 DEVICE = Check(lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None, "cpu, cuda or cuda:<index>")
 
 # top-level key -> its Check, its Group, or (selector key, {selector value: Group}) for the variant groups
@@ -266,8 +275,9 @@ SCHEMA: dict[str, Any] = {
     "generator": ("backend", GENERATOR),
     "trainer": TRAINER,
     "logging": LOGGING,
+    "ray": RAY,
 }
-_DEFAULT_OPTION = {"rl": "default", "trainer": "default", "logging": "default"}
+_DEFAULT_OPTION = {"rl": "default", "trainer": "default", "logging": "default", "ray": "default"}
 _SELECTOR_OPTION = {"job": "name", "task": "name", "generator": "backend", "model": "preset", "numerics": "name"}
 
 # ------------------------------------------------------------------------------------------ validation

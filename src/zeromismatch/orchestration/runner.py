@@ -45,6 +45,10 @@ def run_rl(cfg) -> dict:
     gen = cfg.generator
     if not gen.get("implemented", True) or gen.backend != "embedded":
         raise NotImplementedError(f"generator backend {gen.backend!r} is not implemented yet; use generator=embedded")
+    if cfg.rl.get("backend", "threaded") == "ray":
+        from . import ray_run  # needs the optional ray package
+
+        return ray_run.run_on_ray(cfg)
     if cfg.rl.get("disaggregated", False):
         return _spawn_disaggregated(cfg)
     return _run_in_process(cfg)
