@@ -77,7 +77,7 @@ def run_on_ray(cfg) -> dict:
         finally:
             task.close()
         out = loop.finish()
-        out["generator_restarts"] = run.recovered
+        out.update(generator_restarts=run.recovered, groups_regenerated=run.regenerated)
         return out
     finally:
         if run is not None:
@@ -134,8 +134,8 @@ class RayRun:
         rcfg = cfg.ray
         self.cfg, self.buffer, self.trainer, self.poll_s = cfg, buffer, trainer, poll_s
         opts = actor_options(rcfg.generator_resources, max_restarts=int(rcfg.max_restarts), max_concurrency=4)
-        cls = ray.remote(GeneratorRole).options(**opts)
-        self.gens = [cls.remote(cfg_dict, i) for i in range(int(rcfg.generators))]
+        cls = ray.remote(GeneratorRole)
+        self.gens = [cls.options(name=f"generator-{i}", **opts).remote(cfg_dict, i) for i in range(int(rcfg.generators))]
         ray.get([g.ping.remote() for g in self.gens])
         self.router = Router(len(self.gens))
         self.prompts = task.train_prompts(start=prompts_consumed)
@@ -144,7 +144,7 @@ class RayRun:
         self.held: dict[int, tuple] = {}  # ticket -> (group, start): complete, waiting for its versions' release
         self.live = [trainer.version] * len(self.gens)
         self.gen_stats = {"generated_tokens_per_s": 0.0}
-        self.recovered = 0
+        self.recovered = self.regenerated = 0
         shares_gpu = float(rcfg.generator_resources.num_gpus) < 1 or float(rcfg.trainer_resources.num_gpus) < 1
         self.transport = rcfg.weight_sync if rcfg.weight_sync != "auto" else pick_transport(cfg.device, shares_gpu)
         self._open_sync()
@@ -247,6 +247,7 @@ class RayRun:
             pass
         self.live[g] = self.trainer.version
         self.recovered += 1
+        self.regenerated += len(starts)
         for start in starts:
             self._route(start)
 
@@ -272,8 +273,12 @@ class RayRun:
             after_step(step)
 
     def close(self) -> None:
+        """Close every generator's episodes and task, then end the actors (a cluster that is attached to
+        outlives the run)."""
         for g in self.gens:
             try:
                 ray.get(g.close.remote(), timeout=60)
             except (RayActorError, RayTaskError):
                 pass
+        for actor in self.gens + self.trainer.ranks:
+            ray.kill(actor, no_restart=True)
