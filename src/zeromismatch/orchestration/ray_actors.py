@@ -179,7 +179,13 @@ class TrainerRank:
         self.sync = WeightSync(host, port, 0, world, transport, device=self.device)
 
     def send_weights(self) -> int:
-        self.sync.send(self.trainer.version, self.full)
+        try:
+            self.sync.send(self.trainer.version, self.full)
+        except BaseException:
+            # a member died: close this end, so that the generators still waiting on the broadcast fail now
+            # instead of at the timeout; the driver opens a new group
+            self.sync.close()
+            raise
         return self.trainer.version
 
     def full_weights(self) -> tuple[int, dict]:

@@ -161,9 +161,28 @@ class RayRun:
         ray.get(calls)
 
     def sync_weights(self) -> None:
-        """Broadcast the trainer's current weights; every generator swaps them in between engine steps."""
-        calls = [self.trainer.ranks[0].send_weights.remote()] + [g.receive_weights.remote() for g in self.gens]
-        self._get(calls, gens=[None] + list(range(len(self.gens))))
+        """Broadcast the trainer's current weights; every generator swaps them in between engine steps. A
+        generator that died meanwhile breaks the round for every member (gloo sees the closed connection): it
+        is recovered, which opens the group again and repeats the push."""
+        send = self.trainer.ranks[0].send_weights.remote()
+        recvs = [g.receive_weights.remote() for g in self.gens]
+        dead, failures = [], []
+        try:  # first: a failed send closes the trainer's end, which unblocks every generator still receiving
+            ray.get(send)
+        except RayTaskError as e:
+            failures.append(e)
+        for i, ref in enumerate(recvs):
+            try:
+                ray.get(ref)
+            except RayActorError:
+                dead.append(i)
+            except RayTaskError as e:
+                failures.append(e)
+        if dead:
+            for i in dead:
+                self._recover(i)
+        elif failures:
+            raise failures[0]
 
     # ------------------------------------------------------------------------------ admission, routing
     def admit(self) -> None:

@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.reductions import reduce_tensor
 
+from ..trainer.distributed import apply_nccl_invariance_env
+
 __all__ = ["TRANSPORTS", "WeightSync", "layout_of", "pick_transport"]
 
 TRANSPORTS = ("gloo", "nccl", "cuda_ipc")
@@ -95,6 +97,7 @@ class WeightSync:
         if transport == "gloo":
             self.pg = dist.ProcessGroupGloo(self.store, rank, world, timeout)
         elif transport == "nccl":
+            apply_nccl_invariance_env()  # read when the communicator is created; a broadcast moves bits either way
             torch.cuda.set_device(self.device)
             opts = dist.ProcessGroupNCCL.Options()
             self.pg = dist.ProcessGroupNCCL(self.store, rank, world, opts)
