@@ -103,23 +103,24 @@ def test_async_tiny_math_step0_zero_and_ages_within_n(data_dir, tmp_path):
     assert out["generator_restarts"] == 0
 
 
-def _kill_generator_after(run_dir: Path, delay_s: float, done: threading.Event, killed: list) -> None:
-    """Kill generator-1 (Ray restarts it) ``delay_s`` after the run's loop starts (its batches.jsonl exists,
-    the first groups are being generated)."""
+def _kill_generator_when_busy(run_dir: Path, done: threading.Event, killed: list) -> None:
+    """Once the run's loop has started (its batches.jsonl exists) and step 0 is logged, kill generator-1 (Ray
+    restarts it) at a moment it holds groups in flight."""
     path = run_dir / "batches.jsonl"
     while not done.is_set():
-        if path.exists():
-            time.sleep(delay_s)
-            ray.kill(ray.get_actor("generator-1"), no_restart=False)
-            killed.append(time.time())
-            return
-        time.sleep(0.05)
+        if path.exists() and path.read_text().strip():
+            gen = ray.get_actor("generator-1")
+            if ray.get(gen.in_flight.remote()) > 0:
+                ray.kill(gen, no_restart=False)
+                killed.append(time.time())
+                return
+        time.sleep(0.01)
 
 
 def test_generator_killed_mid_run_loses_no_group(tmp_path):
     run_dir, steps = tmp_path / "kill", 8
     done, killed = threading.Event(), []
-    killer = threading.Thread(target=_kill_generator_after, args=(run_dir, 1.0, done, killed), daemon=True)
+    killer = threading.Thread(target=_kill_generator_when_busy, args=(run_dir, done, killed), daemon=True)
     killer.start()
     try:
         out = rl_job.main(toy_cfg(run_dir, f"rl.steps={steps}", "rl.deterministic=false", f"rl.checkpoint_every={steps}",

@@ -135,6 +135,13 @@ class GeneratorRole:
     def ping(self) -> int:
         return self.index
 
+    def in_flight(self) -> int:
+        """Groups submitted here and not yet finished (monitoring)."""
+        with self.cond:
+            queued = len(self.inbox)
+        with self.worker.lock:
+            return queued + len({id(g) for g in self.worker.groups.values()})
+
     def close(self) -> None:
         self.stop.set()
         self.thread.join()
