@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -383,6 +384,8 @@ def check_runnable(cfg: Any, cuda_available: bool | None = None) -> None:
                 f"generator={cfg.generator.backend} is not implemented yet (conf/generator/{cfg.generator.backend}.yaml); "
                 "use generator=embedded"
             )
+    if job == "rl" and cfg.rl.get("backend") == "ray":
+        _check_ray_runnable(cfg)
     if job in TASK_JOBS and task.name == "search" and task.get("source") == "files":
         _check_search_files(task)
     if job == "plot":
@@ -421,6 +424,14 @@ def _check_search_files(task: Any) -> None:
         path = task.files.get(key)
         if path and not Path(path).is_file():
             raise MissingFileError(f"file not found: {path} (task.files.{key})")
+def _check_ray_runnable(cfg: Any) -> None:
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("rl.backend=ray: the ray package is not installed; pip install -e '.[ray]' (pyproject.toml)")
+    gpus = max(float(cfg.ray.generator_resources.num_gpus), float(cfg.ray.trainer_resources.num_gpus))
+    if gpus > 0 and not str(cfg.device).startswith("cuda"):
+        raise ConfigError(f"ray.*_resources.num_gpus={gpus:g} with device={cfg.device}: set device=cuda or num_gpus=0 (conf/ray/default.yaml)")
+
+
 def _check_agent_runnable(task: Any) -> None:
     why = bwrap_available()
     if why:

@@ -15,6 +15,7 @@ import logging
 import os
 
 import ray
+from ray._private import ray_constants
 
 __all__ = ["actor_options", "connect", "shutdown"]
 
@@ -27,6 +28,11 @@ def connect(rcfg) -> bool:
     if rcfg.address:
         ray.init(address=str(rcfg.address), **common)
         return False
+    # Ray turns 127.0.0.1 into the machine's outward address, and its servers then listen on every interface,
+    # unless multi-node support is off; a local cluster has one node, so it stays on the loopback (the flag
+    # is read by this process now and by the processes ray.init starts from the environment)
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
     ray.init(
         address="local",
         num_cpus=int(rcfg.num_cpus),
