@@ -70,12 +70,16 @@ def _batches(run_dir) -> list[dict]:
     return [json.loads(line) for line in open(Path(run_dir) / "batches.jsonl")]
 
 
-@pytest.mark.parametrize("task", ["math", "toy"])
+@pytest.mark.parametrize("task", ["math", "toy", "toy_multiturn"])
 def test_lockstep_equals_threaded_bit_for_bit(data_dir, tmp_path, task):
     """math: the tiny math experiment's real task path (a random-init model earns no reward, so the update
-    is AdamW's weight decay alone); toy: rewards with spread, so gradients flow through the FSDP reduce."""
+    is AdamW's weight decay alone); toy: rewards with spread, so gradients flow through the FSDP reduce;
+    toy_multiturn: tool turns, every turn of an episode on the generator that holds its cache."""
     steps = ["rl.steps=3", "rl.deterministic=true", "rl.checkpoint_every=3"]
-    make = (lambda d, *o: math_cfg(data_dir, d, *o)) if task == "math" else (lambda d, *o: toy_cfg(d, *o, "rl.offpolicy=2"))
+    if task == "math":
+        make = lambda d, *o: math_cfg(data_dir, d, *o)  # noqa: E731
+    else:
+        make = lambda d, *o: toy_cfg(d, *o, "rl.offpolicy=2", f"task={task}")  # noqa: E731
     threaded = rl_job.main(make(tmp_path / "threaded", *steps, "rl.backend=threaded"))
     on_ray = rl_job.main(make(tmp_path / "ray", *steps, *RAY))
     assert on_ray["history"][0]["bit_wise/logprob_diff/abs_mean"] == 0.0
@@ -86,8 +90,10 @@ def test_lockstep_equals_threaded_bit_for_bit(data_dir, tmp_path, task):
     assert set(w_ray) == set(w_threaded)
     assert all(torch.equal(w_ray[k], w_threaded[k]) for k in w_threaded)
     assert on_ray["history"][-1]["bit_wise/logprob_diff/abs_mean"] > 0  # the weights moved between versions
-    if task == "toy":
+    if task != "math":
         assert all(h["train/grad_norm"] > 0 for h in on_ray["history"])
+    if task == "toy_multiturn":
+        assert all(h["rollout/turns_mean"] > 1 for h in on_ray["history"])
 
 
 def test_async_tiny_math_step0_zero_and_ages_within_n(data_dir, tmp_path):
