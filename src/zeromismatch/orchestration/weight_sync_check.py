@@ -2,7 +2,7 @@
 two trained versions broadcast through WeightSync, then the generator samples with them and the trainer
 rescores; the check is bitwise.
 
-    python -m zeromismatch.orchestration.weight_sync_check --device cuda --transport cuda_ipc --numerics bi
+    python -m zeromismatch.orchestration.weight_sync_check --device cuda --transport cuda_ipc --numerics bi --dtype bfloat16
     python -m zeromismatch.orchestration.weight_sync_check --device cpu --transport gloo     # what CI runs
 
 Trainer (rank 0): the tiny preset from a seed, two AdamW steps on random tokens, each followed by
@@ -35,7 +35,7 @@ STEPS, N_PROMPTS, NEW_TOKENS = 2, 4, 16
 
 
 def _model(args, device):
-    return build_model("tiny", args["numerics"], seed=0, device=torch.device(device), dtype=torch.float32)
+    return build_model("tiny", args["numerics"], seed=0, device=torch.device(device), dtype=getattr(torch, args["dtype"]))
 
 
 def _trainer(args, sync: WeightSync, out: str) -> None:
@@ -81,9 +81,9 @@ def _role(rank: int, args: dict, port: int, out: str) -> None:
     (_trainer if rank == 0 else _generator)(args, sync, out)
 
 
-def check(device: str = "cpu", transport: str = "gloo", numerics: str = "bi") -> dict:
+def check(device: str = "cpu", transport: str = "gloo", numerics: str = "bi", dtype: str = "float32") -> dict:
     """Run both processes; returns {"versions", "weights_equal", "logprobs_equal", "max_abs_diff"}."""
-    args = {"device": device, "transport": transport, "numerics": numerics}
+    args = {"device": device, "transport": transport, "numerics": numerics, "dtype": dtype}
     with tempfile.TemporaryDirectory(prefix="zm_wsync_") as out:
         mp.spawn(_role, args=(args, free_port(), out), nprocs=2, join=True)
         trained = torch.load(os.path.join(out, "trainer.pt"))
@@ -104,8 +104,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--transport", default="gloo", choices=TRANSPORTS)
     ap.add_argument("--numerics", default="bi", choices=sorted(MODES))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     a = ap.parse_args(argv)
-    res = check(a.device, a.transport, a.numerics)
+    res = check(a.device, a.transport, a.numerics, a.dtype)
     print(res)
     ok = res["versions"] == list(range(1, STEPS + 1)) and res["weights_equal"] and (
         a.numerics == "stock" or res["logprobs_equal"])
