@@ -20,6 +20,7 @@ import random
 import socket
 import threading
 import time
+import uuid
 
 import torch
 from omegaconf import OmegaConf
@@ -33,7 +34,14 @@ from .checkpoint import load_rl_checkpoint, trained_weights
 from .controller import WeightChannel
 from .weight_sync import WeightSync, layout_of
 
-__all__ = ["GeneratorRole", "TrainerRank", "free_port"]
+__all__ = ["GeneratorRole", "NotInWeightSync", "TrainerRank", "free_port"]
+
+# a broadcast is seconds even for large models; a member that died can leave the others waiting until this
+SYNC_TIMEOUT_S = 120.0
+
+
+class NotInWeightSync(RuntimeError):
+    """A generator asked to receive weights before joining a weight-sync group: a restarted process."""
 
 
 def free_port() -> int:
@@ -65,6 +73,7 @@ class GeneratorRole:
     def __init__(self, cfg_dict: dict, index: int, poll_s: float = 0.002):
         cfg, model = _start(cfg_dict)
         self.index, self.poll_s = index, poll_s
+        self.boot = uuid.uuid4().hex  # a new value per process: how the driver tells a restarted actor
         ckpt = load_rl_checkpoint(cfg.job.get("resume"))
         version = 0
         if ckpt:
@@ -111,9 +120,9 @@ class GeneratorRole:
         with self.cond:
             self.inbox.extend(starts)
 
-    def collect(self, wait_s: float = 0.05) -> tuple[list, int, dict]:
-        """(finished groups as (ticket, Group), the weight version live in the engine, engine throughput);
-        waits up to ``wait_s`` for a group to finish."""
+    def collect(self, wait_s: float = 0.05) -> tuple[list, int, dict, str]:
+        """(finished groups as (ticket, Group), the weight version live in the engine, engine throughput,
+        this process's boot id); waits up to ``wait_s`` for a group to finish."""
         with self.cond:
             if not self.completed.groups and self.error is None:
                 self.cond.wait(wait_s)
@@ -121,19 +130,21 @@ class GeneratorRole:
             raise self.error
         with self.worker.lock:
             done, self.completed.groups = self.completed.groups, []
-        return done, self.engine.version, self.engine.throughput()
+        return done, self.engine.version, self.engine.throughput(), self.boot
 
     def open_sync(self, host: str, port: int, rank: int, world: int, transport: str) -> None:
-        self.sync = WeightSync(host, port, rank, world, transport, device=self.device)
+        self.sync = WeightSync(host, port, rank, world, transport, device=self.device, timeout_s=SYNC_TIMEOUT_S)
 
     def receive_weights(self) -> int:
         """Take part in the next broadcast; the engine thread swaps the weights in between engine steps."""
+        if self.sync is None:
+            raise NotInWeightSync(f"generator {self.index} restarted and has not joined the weight sync")
         version, weights = self.sync.recv(self.layout)
         self.channel.publish(version, weights)
         return version
 
-    def ping(self) -> int:
-        return self.index
+    def ping(self) -> str:
+        return self.boot
 
     def in_flight(self) -> int:
         """Groups submitted here and not yet finished (monitoring)."""
@@ -183,7 +194,7 @@ class TrainerRank:
         return metrics if self.rank == 0 else None
 
     def open_sync(self, host: str, port: int, world: int, transport: str) -> None:
-        self.sync = WeightSync(host, port, 0, world, transport, device=self.device)
+        self.sync = WeightSync(host, port, 0, world, transport, device=self.device, timeout_s=SYNC_TIMEOUT_S)
 
     def send_weights(self) -> int:
         try:

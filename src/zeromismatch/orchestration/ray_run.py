@@ -34,7 +34,7 @@ from ..tasks.registry import build_task
 from .build import build_buffer, for_generation
 from .checkpoint import load_rl_checkpoint, restore_rng
 from .disaggregated import GeneratorFailed
-from .ray_actors import GeneratorRole, TrainerRank, free_port
+from .ray_actors import GeneratorRole, NotInWeightSync, TrainerRank, free_port
 from .ray_cluster import actor_options, connect, shutdown
 from .trainer_loop import TrainerLoop
 from .router import Router
@@ -133,7 +133,7 @@ class RayRun:
         opts = actor_options(rcfg.generator_resources, max_restarts=int(rcfg.max_restarts), max_concurrency=4)
         cls = ray.remote(GeneratorRole)
         self.gens = [cls.options(name=f"generator-{i}", **opts).remote(cfg_dict, i) for i in range(int(rcfg.generators))]
-        ray.get([g.ping.remote() for g in self.gens])
+        self.boots = ray.get([g.ping.remote() for g in self.gens])  # a restarted actor answers a new one
         self.router = Router(len(self.gens))
         self.prompts = task.train_prompts(start=prompts_consumed)
         self.prompts_consumed = prompts_consumed
@@ -174,7 +174,10 @@ class RayRun:
             except RayActorError:
                 dead.append(i)
             except RayTaskError as e:
-                failures.append(e)
+                if isinstance(e.cause, NotInWeightSync):  # died and restarted before this call reached it
+                    dead.append(i)
+                else:
+                    failures.append(e)
         if dead:
             for i in dead:
                 self._recover(i)
@@ -203,7 +206,11 @@ class RayRun:
         for i, out in enumerate(results):
             if out is None:  # restarted: its groups were routed again
                 continue
-            done, self.live[i], stats = out
+            done, live, stats, boot = out
+            if boot != self.boots[i]:  # died and restarted while no call was waiting on it
+                self._recover(i)
+                continue
+            self.live[i] = live
             rates += stats["generated_tokens_per_s"]
             for ticket, group in done:
                 if self.router.generator_of(ticket) != i:  # a start sent to a generator that then died, run twice
@@ -250,7 +257,7 @@ class RayRun:
         deadline = time.time() + 300
         while True:
             try:
-                ray.get(self.gens[g].ping.remote(), timeout=60)
+                self.boots[g] = ray.get(self.gens[g].ping.remote(), timeout=60)
                 break
             except RayActorError:
                 if time.time() > deadline:
