@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
@@ -221,3 +222,20 @@ def test_run_py_debug_flag_shows_the_traceback(tmp_path):
     r, _ = _run(tmp_path, "rl.steps=abc", debug=True)
     assert r.returncode != 0 and "Traceback" in r.stderr
     assert "zeromismatch.errors.ConfigError: rl.steps='abc': expected an integer >= 1" in r.stderr
+
+
+@pytest.mark.parametrize("override,message", [
+    ("ray.trainer_ranks=3", r"^ray.trainer_ranks=3: expected a power of two >= 1 \(conf/ray/default.yaml\)$"),
+    ("ray.generators=0", r"^ray.generators=0: expected an integer >= 1 \(conf/ray/default.yaml\)$"),
+    ("ray.generator_resources.num_gpus=-0.5", r"^ray.generator_resources.num_gpus=-0.5: expected a number >= 0 "),
+    ("ray.weight_sync=tcp", r"^ray.weight_sync='tcp': expected one of auto, gloo, nccl, cuda_ipc "),
+    ("rl.backend=mpi", r"^rl.backend='mpi': expected one of threaded, ray "),
+])  # fmt: skip
+def test_ray_settings_bad_values_are_one_line(override, message):
+    assert re.search(message, _error(override)), _error(override)
+
+
+def test_ray_gpu_resources_need_a_cuda_device():
+    pytest.importorskip("ray")
+    assert _error("rl.backend=ray", "ray.trainer_resources.num_gpus=0.5").startswith(
+        "ray.*_resources.num_gpus=0.5 with device=cpu: set device=cuda or num_gpus=0")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.util
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .config import to_plain
+from . import config_checks as checks
 from .errors import ConfigError, MissingFileError
 from .models.qwen3_5.config import PRESETS, Qwen35Config
 from .numerics.modes import MODES
@@ -42,7 +42,7 @@ from .rl.losses import PRESETS as LOSSES
 from .tasks.search.format import FORMATS as SEARCH_FORMATS
 from .tasks.agent.actions import FORMATS as ACTION_FORMATS
 from .tasks.agent.offline import FAMILIES as AGENT_FAMILIES
-from .tasks.agent.sandbox import SandboxLimits, bwrap_available
+from .tasks.agent.sandbox import SandboxLimits
 
 __all__ = ["SCHEMA", "check_config", "check_runnable", "hydra_error_line", "resolve_config", "validate_config"]
 
@@ -229,6 +229,7 @@ RL: Group = {
     "tis_cap": number(0, lo_open=True, optional=True),
     "icepop": Check(lambda v: v is None or (list_of(number(0), 2).ok(v) and v[0] <= v[1]), "null or [low, high] with 0 <= low <= high"),
     "swap_policy": one_of("keep", "recompute"), "deterministic": BOOL, "disaggregated": BOOL,
+    "backend": one_of("threaded", "ray"),
     "dynamic_sampling": BOOL, "staleness_split": BOOL, "checkpoint_every": COUNT, "max_prompt_len": POSITIVE_INT,
     "sft_warm_start": BOOL,
 }  # fmt: skip
@@ -254,6 +255,14 @@ LOGGING: Group = {
               "group": OPT_STR, "tags": list_of(STR)},
 }  # fmt: skip
 
+_RESOURCES: Group = {"num_cpus": number(0), "num_gpus": number(0)}
+RAY: Group = {
+    "address": OPT_STR, "num_cpus": POSITIVE_INT, "num_gpus": COUNT, "object_store_mb": integer(75),
+    "generators": POSITIVE_INT, "trainer_ranks": Check(lambda v: _is_int(v) and v >= 1 and v & (v - 1) == 0, "a power of two >= 1"),
+    "generator_resources": _RESOURCES, "trainer_resources": _RESOURCES, "max_restarts": COUNT,
+    "weight_sync": one_of("auto", "gloo", "nccl", "cuda_ipc"),
+}  # fmt: skip
+
 DEVICE = Check(lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None, "cpu, cuda or cuda:<index>")
 
 # top-level key -> its Check, its Group, or (selector key, {selector value: Group}) for the variant groups
@@ -269,8 +278,9 @@ SCHEMA: dict[str, Any] = {
     "generator": ("backend", GENERATOR),
     "trainer": TRAINER,
     "logging": LOGGING,
+    "ray": RAY,
 }
-_DEFAULT_OPTION = {"rl": "default", "trainer": "default", "logging": "default"}
+_DEFAULT_OPTION = {"rl": "default", "trainer": "default", "logging": "default", "ray": "default"}
 _SELECTOR_OPTION = {"job": "name", "task": "name", "generator": "backend", "model": "preset", "numerics": "name"}
 
 # ------------------------------------------------------------------------------------------ validation
@@ -370,11 +380,18 @@ def check_runnable(cfg: Any, cuda_available: bool | None = None) -> None:
                 "only (no task code, data or reward in the repo); implemented tasks: math, search, agent, toy, toy_multiturn"
             )
         if task.name == "agent":
-            _check_agent_runnable(task)
+            checks.agent(task)
+    if job == "rl" and cfg.rl.get("backend") == "ray":
+        if cfg.generator.backend != "embedded":
+            raise ConfigError(
+                f"rl.backend=ray runs the embedded engine in its generator actors; generator={cfg.generator.backend} "
+                "runs with rl.backend=threaded"
+            )
+        checks.ray(cfg)
     if job in (*TASK_JOBS, "parity") and cfg.generator.backend != "embedded":
-        _check_vllm_runnable(cfg)
+        checks.vllm(cfg)
     if job in TASK_JOBS and task.name == "search" and task.get("source") == "files":
-        _check_search_files(task)
+        checks.search_files(task)
     if job == "plot":
         return
     cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
@@ -397,29 +414,6 @@ def check_runnable(cfg: Any, cuda_available: bool | None = None) -> None:
             f"model={model.preset} has no weights: set model.checkpoint=<local Hugging Face checkpoint dir> "
             "(random init of a published-size model is not a run; weights cannot be downloaded here)"
         )
-
-
-def _check_search_files(task: Any) -> None:
-    """task.source=files: the Search-R1 parquet files (and the corpus a managed retriever serves) exist."""
-    for key in ("train", "eval"):
-        if not task.files.get(key):
-            raise ConfigError(f"task.files.{key}=null: task.source=files needs a local Search-R1 parquet (conf/task/search.yaml)")
-    if not task.retriever.get("url") and not task.files.get("corpus"):
-        raise ConfigError("task.files.corpus=null and task.retriever.url=null: give a corpus JSONL to serve or a running "
-                          "retriever's URL (conf/task/search.yaml)")  # fmt: skip
-    for key in ("train", "eval", "corpus"):
-        path = task.files.get(key)
-        if path and not Path(path).is_file():
-            raise MissingFileError(f"file not found: {path} (task.files.{key})")
-def _check_agent_runnable(task: Any) -> None:
-    why = bwrap_available()
-    if why:
-        raise ConfigError(f"task=agent runs every rollout in a bubblewrap sandbox: {why}")
-    if task.source == "rows":
-        for key in ("train", "eval"):
-            path = task.rows.get(key)
-            if path and not Path(path).is_file():
-                raise MissingFileError(f"file not found: {path} (task.rows.{key})")
 
 
 def resolve_config(cfg: DictConfig) -> None:
@@ -468,15 +462,3 @@ def hydra_error_line(ex: BaseException) -> str:
         else:
             parts.append([line.removeprefix("In 'config': ").rstrip(".")])
     return "; ".join(p[0] + (" " + ", ".join(p[1:]) if len(p) > 1 else "") for p in parts)
-
-
-def _check_vllm_runnable(cfg) -> None:
-    """generator=vllm / vllm_native: vLLM installed, one process, the CPU build's device."""
-    backend = cfg.generator.backend
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"generator={backend} needs vLLM: pip install -e '.[vllm]' (or scripts/install_vllm.sh), "
-                          "or use generator=embedded")
-    if cfg.job.name == "rl" and cfg.rl.get("disaggregated", False):
-        raise ConfigError(f"generator={backend} runs in the trainer's process: rl.disaggregated=true is not supported")
-    if cfg.job.name == "rl" and cfg.rl.get("swap_policy", "keep") != "keep":
-        raise ConfigError(f"rl.swap_policy={cfg.rl.swap_policy!r}: generator={backend} supports keep only")

@@ -1,5 +1,6 @@
 """The RL job end to end on the toy task: async run metrics, offpolicy bound, bitwise resume."""
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from hydra import compose, initialize_config_dir
 
 from zeromismatch.jobs import rl as rl_job
 
+TWO_PROCESS_BACKENDS = ["rl.disaggregated=true", pytest.param("rl.backend=ray", marks=pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="rl.backend=ray needs the ray extra: pip install -e '.[ray]'"))]
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 
@@ -70,12 +73,13 @@ def test_kill_and_resume_is_bitwise(tmp_path):
     assert all(h["bit_wise/logprob_diff/precision_abs_mean"] == 0.0 for h in full["history"])
 
 
-def test_disaggregated_two_processes(tmp_path):
-    """rl.disaggregated=true: generator and trainer in two processes over gloo, weights sent after each step.
-    Same contract as the threaded async run: step-0 gap exactly 0 in bi, ages within offpolicy N, and the
+@pytest.mark.parametrize("backend", TWO_PROCESS_BACKENDS)
+def test_disaggregated_two_processes(tmp_path, backend):
+    """rl.disaggregated=true (generator and trainer in two processes over gloo, weights sent after each step)
+    and rl.backend=ray (2 generator actors, 2 trainer ranks, a broadcast after each step). Same contract as the threaded async run: step-0 gap exactly 0 in bi, ages within offpolicy N, and the
     generator really ran ahead."""
     out = rl_job.main(cfg_for(tmp_path, "dis", "numerics=bi", "rl.steps=10", "rl.deterministic=false",
-                              "rl.disaggregated=true", "rl.checkpoint_every=0"))
+                              backend, "rl.checkpoint_every=0"))
     hist = out["history"]
     assert len(hist) == 10
     assert hist[0]["bit_wise/logprob_diff/abs_mean"] == 0.0
@@ -86,16 +90,17 @@ def test_disaggregated_two_processes(tmp_path):
     assert [r["step"] for r in rows] == list(range(10))
 
 
-def test_disaggregated_checkpoint_and_resume(tmp_path):
+@pytest.mark.parametrize("backend", TWO_PROCESS_BACKENDS)
+def test_disaggregated_checkpoint_and_resume(tmp_path, backend):
     """The trainer checkpoints with the generator's buffer and data position (fetched at the step boundary);
     a resumed disaggregated run continues from that step and version, within the age bound."""
     first = rl_job.main(cfg_for(tmp_path, "dck", "numerics=bi", "rl.steps=4", "rl.deterministic=false",
-                                "rl.disaggregated=true", "rl.checkpoint_every=2"))
+                                backend, "rl.checkpoint_every=2"))
     ckpt = Path(first["run_dir"]) / "checkpoint.pt"
     saved = torch.load(ckpt, weights_only=False)
     assert saved["step"] == 4 and saved["prompts_consumed"] >= 4 * 4  # P=4 prompts a step, and run-ahead
     out = rl_job.main(cfg_for(tmp_path, "dck2", "numerics=bi", "rl.steps=7", "rl.deterministic=false",
-                              "rl.disaggregated=true", "rl.checkpoint_every=0", f"job.resume={ckpt}"))
+                              backend, "rl.checkpoint_every=0", f"job.resume={ckpt}"))
     hist = out["history"]
     assert [h["step"] for h in hist] == [4, 5, 6]
     assert [h["train/version"] for h in hist] == [5, 6, 7]

@@ -6,6 +6,7 @@ checkpoint are regenerated from their prompts and seeds; a short async RL job on
 from __future__ import annotations
 
 import io
+import importlib.util
 import json
 import os
 import subprocess
@@ -129,8 +130,10 @@ def test_tool_error_stops_the_run_in_process(tmp_path, built_tasks, mode):
     assert built_tasks and all(t.live_episodes == 0 for t in built_tasks)
 
 
-def test_tool_error_stops_the_disaggregated_run(tmp_path):
-    cfg = cfg_for(tmp_path, "task.tool_error_turn=0", "rl.steps=3", "rl.deterministic=false", "rl.disaggregated=true",
+@pytest.mark.parametrize("backend", ["rl.disaggregated=true", pytest.param("rl.backend=ray", marks=pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="rl.backend=ray needs the ray extra: pip install -e '.[ray]'"))])
+def test_tool_error_stops_the_disaggregated_run(tmp_path, backend):
+    cfg = cfg_for(tmp_path, "task.tool_error_turn=0", "rl.steps=3", "rl.deterministic=false", backend,
                   "rl.checkpoint_every=0")
     with pytest.raises(ToolError, match=r"toy tool failed after model turn 0"):
         rl_job.main(cfg)

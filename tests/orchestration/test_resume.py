@@ -1,4 +1,4 @@
-"""Async resume after kill -9, threaded and disaggregated: the run killed just after its first checkpoint is
+"""Async resume after kill -9, threaded, disaggregated and on Ray: the run killed just after its first checkpoint is
 resumed from it and reaches its last step, with no completed rollout lost or trained twice and every age
 within offpolicy N.
 
@@ -8,6 +8,7 @@ rule (counted in the metrics), or still be in the final checkpoint's buffer (com
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -55,11 +56,13 @@ def _run_and_kill(cmd: list[str], ckpt: Path, timeout: float = 240) -> None:
         proc.wait()
 
 
-@pytest.mark.parametrize("mode", ["threaded", "disaggregated"])
+@pytest.mark.parametrize("mode", ["threaded", "disaggregated", pytest.param("ray", marks=pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="rl.backend=ray needs the ray extra: pip install -e '.[ray]'"))])
 def test_kill_9_and_resume_keeps_offpolicy_semantics(tmp_path, mode):
     run_dir = tmp_path / "run"
     ckpt = run_dir / "checkpoint.pt"
-    extra = ["rl.disaggregated=true", "logging.wandb.mode=disabled"] if mode == "disaggregated" else ["logging.wandb.mode=offline"]
+    extra = {"threaded": ["logging.wandb.mode=offline"], "disaggregated": ["rl.disaggregated=true", "logging.wandb.mode=disabled"],
+             "ray": ["rl.backend=ray", "logging.wandb.mode=disabled"]}[mode]
     _run_and_kill(_cmd(*extra, f"logging.run_dir={run_dir}"), ckpt)
     assert read_status(run_dir)["status"] == "running"  # killed: never marked completed
     killed_at = torch.load(ckpt, weights_only=False)

@@ -69,31 +69,52 @@ def episode_settings(cfg, task) -> tuple[EpisodeLimits, int]:
     return limits, int(task.max_tokens_per_turn or cfg.rl.max_new_tokens)
 
 
-def build_rollout_worker(cfg, model, task, *, version: int, resume: dict | None = None) -> RolloutWorker:
-    """Engine over ``model`` (at weight ``version``), the run-ahead buffer (the checkpoint's, when resuming)
-    and the worker that feeds it with ``task``'s prompts from the checkpoint's data position, its in-flight
-    groups restarted under ``version``."""
+def build_engine(cfg, model, task, *, version: int) -> Engine:
+    """The engine over ``model`` at weight ``version``, sized for ``task``'s rollouts."""
     rl, gen = cfg.rl, cfg.generator
     limits, per_turn = episode_settings(cfg, task)
     max_prompt = int(rl.get("max_prompt_len", 512))
     engine = build_engine(model, gen, swap_policy=rl.swap_policy, seed=int(cfg.seed),
                           max_model_len=int(gen.max_model_len or max(max_prompt + per_turn, limits.max_context_tokens or 0)))
     engine.version = version
+    return engine
+
+
+def build_buffer(cfg, *, version: int, resume: dict | None = None) -> RunAheadBuffer:
+    """The run-ahead buffer: the checkpoint's when resuming (its slots of the step whose weights the
+    generator now runs released), else a fresh one starting at ``version``."""
+    rl = cfg.rl
     if resume:
         buffer = resume["buffer"]
         if buffer.generator_version < version:
             # an async checkpoint can precede the generator's taking the step's weights; they are live now
             buffer.release_after_weights_reached_generator(version - 1)
-    else:
-        group_filter = _has_spread if rl.get("dynamic_sampling", False) else None
-        order = "admission" if rl.deterministic else "completion"
-        buffer = RunAheadBuffer(int(rl.offpolicy), int(rl.prompts_per_step), initial_version=version,
-                                group_filter=group_filter, order=order)
+        return buffer
+    group_filter = _has_spread if rl.get("dynamic_sampling", False) else None
+    order = "admission" if rl.deterministic else "completion"
+    return RunAheadBuffer(int(rl.offpolicy), int(rl.prompts_per_step), initial_version=version,
+                          group_filter=group_filter, order=order)
+
+
+def build_worker(cfg, engine: Engine, task, buffer, *, prompts_consumed: int = 0) -> RolloutWorker:
+    """The RolloutWorker over ``engine`` feeding ``buffer`` (a RunAheadBuffer, or any object with
+    ``complete(ticket, group)`` for a worker whose groups are admitted elsewhere)."""
+    rl = cfg.rl
+    limits, per_turn = episode_settings(cfg, task)
     params = SamplingParams(temperature=float(rl.temperature), max_new_tokens=per_turn,
                             stop_token_ids=tuple(task.stop_token_ids))
-    worker = RolloutWorker(engine, task, buffer, int(rl.samples_per_prompt), params, seed=int(cfg.seed),
-                           swap_policy=rl.swap_policy, prompts_consumed=resume["prompts_consumed"] if resume else 0,
-                           limits=limits, env_workers=int(task.env_workers))
+    return RolloutWorker(engine, task, buffer, int(rl.samples_per_prompt), params, seed=int(cfg.seed),
+                         swap_policy=rl.swap_policy, prompts_consumed=prompts_consumed,
+                         limits=limits, env_workers=int(task.env_workers))
+
+
+def build_rollout_worker(cfg, model, task, *, version: int, resume: dict | None = None) -> RolloutWorker:
+    """Engine over ``model`` (at weight ``version``), the run-ahead buffer (the checkpoint's, when resuming)
+    and the worker that feeds it with ``task``'s prompts from the checkpoint's data position, its in-flight
+    groups restarted under ``version``."""
+    engine = build_engine(cfg, model, task, version=version)
+    buffer = build_buffer(cfg, version=version, resume=resume)
+    worker = build_worker(cfg, engine, task, buffer, prompts_consumed=resume["prompts_consumed"] if resume else 0)
     if resume:
         worker.restore_in_flight(resume.get("in_flight", []))
     return worker

@@ -47,11 +47,11 @@ class RolloutWorker:
             while self.buffer.can_admit():
                 self.prompts_consumed += 1
                 item = next(self.prompts)
-                self._start_group(self.buffer.admit(item.prompt_id), item, self.prompts_consumed)
+                self.start_group(self.buffer.admit(item.prompt_id), item, self.prompts_consumed)
                 n += 1
         return n
 
-    def _start_group(self, ticket: int, item, position: int) -> None:
+    def start_group(self, ticket: int, item, position: int) -> None:
         """Add the group's samples to the engine; their seeds depend on the run seed and the prompt's stream
         position only, so a group regenerated on resume samples with the seeds it had."""
         grp = _GroupInFlight(ticket, item, position, set())
@@ -76,7 +76,7 @@ class RolloutWorker:
         with self.lock:
             self.buffer.abandon_in_flight()
             for _, item, position in in_flight:
-                self._start_group(self.buffer.admit(item.prompt_id), item, position)
+                self.start_group(self.buffer.admit(item.prompt_id), item, position)
 
     def step(self) -> int:
         """One engine step (finished environment turns applied first); completes the groups whose samples all

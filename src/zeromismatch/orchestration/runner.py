@@ -6,6 +6,7 @@
 Schedules (cfg.rl):
 - deterministic=false (default): the generator samples in a thread of its own while the trainer steps
   (controller.run_async); deterministic=true: lockstep (controller.run_lockstep), bitwise resumable.
+- backend=ray: the trainer ranks and several generators as Ray actors (ray_run.py, docs/distributed.md).
 - disaggregated=true: generator and trainer in two processes over gloo (disaggregated.py). The trainer
   process holds the model, the Trainer and the logger (and the task only to evaluate); the generator
   process holds its model, the Engine, the run-ahead buffer and the task, and on resume loads the
@@ -42,6 +43,10 @@ __all__ = ["run_rl"]
 
 
 def run_rl(cfg) -> dict:
+    if cfg.rl.get("backend", "threaded") == "ray":
+        from . import ray_run  # needs the optional ray package
+
+        return ray_run.run_on_ray(cfg)
     if cfg.rl.get("disaggregated", False):
         return _spawn_disaggregated(cfg)
     return _run_in_process(cfg)

@@ -1,0 +1,57 @@
+"""What a validated config needs from this machine before anything is built, per task and backend: the files a
+task reads, the optional packages (ray, vllm) and the sandbox tool. Each raises one ConfigError line naming the
+key and the fix; config_schema.check_runnable calls them."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, MissingFileError
+from .tasks.agent.sandbox import bwrap_available
+
+
+def search_files(task: Any) -> None:
+    """task.source=files: the Search-R1 parquet files (and the corpus a managed retriever serves) exist."""
+    for key in ("train", "eval"):
+        if not task.files.get(key):
+            raise ConfigError(f"task.files.{key}=null: task.source=files needs a local Search-R1 parquet (conf/task/search.yaml)")
+    if not task.retriever.get("url") and not task.files.get("corpus"):
+        raise ConfigError("task.files.corpus=null and task.retriever.url=null: give a corpus JSONL to serve or a running "
+                          "retriever's URL (conf/task/search.yaml)")  # fmt: skip
+    for key in ("train", "eval", "corpus"):
+        path = task.files.get(key)
+        if path and not Path(path).is_file():
+            raise MissingFileError(f"file not found: {path} (task.files.{key})")
+
+
+def ray(cfg: Any) -> None:
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("rl.backend=ray: the ray package is not installed; pip install -e '.[ray]' (pyproject.toml)")
+    gpus = max(float(cfg.ray.generator_resources.num_gpus), float(cfg.ray.trainer_resources.num_gpus))
+    if gpus > 0 and not str(cfg.device).startswith("cuda"):
+        raise ConfigError(f"ray.*_resources.num_gpus={gpus:g} with device={cfg.device}: set device=cuda or num_gpus=0 (conf/ray/default.yaml)")
+
+
+def agent(task: Any) -> None:
+    why = bwrap_available()
+    if why:
+        raise ConfigError(f"task=agent runs every rollout in a bubblewrap sandbox: {why}")
+    if task.source == "rows":
+        for key in ("train", "eval"):
+            path = task.rows.get(key)
+            if path and not Path(path).is_file():
+                raise MissingFileError(f"file not found: {path} (task.rows.{key})")
+
+
+def vllm(cfg) -> None:
+    """generator=vllm / vllm_native: vLLM installed, one process, the CPU build's device."""
+    backend = cfg.generator.backend
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"generator={backend} needs vLLM: pip install -e '.[vllm]' (or scripts/install_vllm.sh), "
+                          "or use generator=embedded")
+    if cfg.job.name == "rl" and cfg.rl.get("disaggregated", False):
+        raise ConfigError(f"generator={backend} runs in the trainer's process: rl.disaggregated=true is not supported")
+    if cfg.job.name == "rl" and cfg.rl.get("swap_policy", "keep") != "keep":
+        raise ConfigError(f"rl.swap_policy={cfg.rl.swap_policy!r}: generator={backend} supports keep only")
