@@ -69,7 +69,7 @@ def episode_settings(cfg, task) -> tuple[EpisodeLimits, int]:
     return limits, int(task.max_tokens_per_turn or cfg.rl.max_new_tokens)
 
 
-def build_engine(cfg, model, task, *, version: int) -> Engine:
+def build_rollout_engine(cfg, model, task, *, version: int):
     """The engine over ``model`` at weight ``version``, sized for ``task``'s rollouts."""
     rl, gen = cfg.rl, cfg.generator
     limits, per_turn = episode_settings(cfg, task)
@@ -112,7 +112,7 @@ def build_rollout_worker(cfg, model, task, *, version: int, resume: dict | None 
     """Engine over ``model`` (at weight ``version``), the run-ahead buffer (the checkpoint's, when resuming)
     and the worker that feeds it with ``task``'s prompts from the checkpoint's data position, its in-flight
     groups restarted under ``version``."""
-    engine = build_engine(cfg, model, task, version=version)
+    engine = build_rollout_engine(cfg, model, task, version=version)
     buffer = build_buffer(cfg, version=version, resume=resume)
     worker = build_worker(cfg, engine, task, buffer, prompts_consumed=resume["prompts_consumed"] if resume else 0)
     if resume:

@@ -29,7 +29,7 @@ from ..model_init import initial_model
 from ..tasks.registry import build_task
 from ..trainer.distributed import apply_fsdp, init_distributed
 from ..trainer.full_state import full_trainer_state, load_full_trainer_state
-from .build import build_engine, build_trainer, build_worker, for_generation
+from .build import build_rollout_engine, build_trainer, build_worker, for_generation
 from .checkpoint import load_rl_checkpoint, trained_weights
 from .controller import WeightChannel
 from .weight_sync import WeightSync, layout_of
@@ -80,7 +80,7 @@ class GeneratorRole:
             version, weights = trained_weights(ckpt)
             model.load_state_dict(weights)
         self.task = build_task(cfg, vocab_size=model.config.vocab_size)
-        self.engine = build_engine(cfg, for_generation(model), self.task, version=version)
+        self.engine = build_rollout_engine(cfg, for_generation(model), self.task, version=version)
         self.completed = _Completed()
         self.worker = build_worker(cfg, self.engine, self.task, self.completed)
         self.layout = layout_of(model.state_dict())
