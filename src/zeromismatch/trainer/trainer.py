@@ -165,14 +165,22 @@ class Trainer:
         versions = torch.cat([s.gen_version for s in samples]).to(mask_all.device)
         needed = set(torch.unique(versions[mask_all.bool()]).tolist())
         pre_step = self.version - 1  # t_cur was computed with the weights before this step's update
-        by_version = {}
-        for v in sorted(needed):
-            if v == pre_step:
-                by_version[v] = t_cur
-            elif v in self.history:
-                by_version[v] = self._rescore(samples, self.history[v])
-        if set(by_version) != needed:
+        if not needed <= self.history.keys() | {pre_step}:
             return {}  # a version older than the kept history: skip the split this step
+        by_version = {pre_step: t_cur}
+        # Each older version rescores only the samples that hold a trained token of it (one forward over the
+        # batch in all, not one per version); the other positions stay NaN and are never read.
+        bounds = torch.tensor([0] + [s.loss_mask.numel() for s in samples]).cumsum(0).tolist()
+        for v in sorted(needed - {pre_step}):
+            holds = [i for i, s in enumerate(samples) if bool(((s.gen_version == v) & (s.loss_mask != 0)).any())]
+            part = self._rescore([samples[i] for i in holds], self.history[v])
+            full = torch.full_like(t_cur, float("nan"))
+            at = 0
+            for i in holds:
+                n = bounds[i + 1] - bounds[i]
+                full[bounds[i]:bounds[i + 1]] = part[at:at + n]
+                at += n
+            by_version[v] = full
         t_old = gather_by_version(by_version, versions, mask_all)
         return {k: float(v) for k, v in mismatch_decomposition(t_cur, t_old, gen_all, mask_all).items()}
 
