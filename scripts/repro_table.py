@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The numbers results/REPORT.md quotes, from the run folders of a sweep (results/repro/<exp>/<seed>/).
 
-    python scripts/repro_table.py [--runs 'results/repro/*/*'] [--out results/repro/table.json] [--last 10]
+    python scripts/repro_table.py [--runs 'results/repro/*/*'] [--out results/repro/table.json] [--md results/repro/table.md] [--last 10]
 
 Per group (task, preset, arm, offpolicy): seeds, steps reached, the step-0 gap, the gap (abs_mean) and its
 precision / staleness parts averaged over the last --last steps that every run of every arm of the window
@@ -136,29 +136,32 @@ def fmt(v, h=None, digits=3) -> str:
 
 
 def markdown(t: dict) -> str:
-    lines = ["| window | arm | seeds | steps reached (min) | compared steps | gap step 0 | gap (last) | precision | staleness | reward (last) | "
-             "held-out 0 → last | tokens/s full step |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| task / preset | window | arm | seeds | steps reached (min) | compared steps | gap step 0 | gap (last) | precision | staleness | reward (last) | "
+             "held-out 0 → last | tokens/s full step |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for g in t["groups"]:
         lines.append(
-            f"| op{g['offpolicy']} | {g['arm']} | {g['seeds']} | {min(g['steps_reached'])} | "
+            f"| {g['task']} / {g['preset']} | op{g['offpolicy']} | {g['arm']} | {g['seeds']} | {min(g['steps_reached'])} | "
             f"{g['last_steps'][0]}-{g['last_steps'][1]} | {fmt(g['gap_step0'])} | "
             f"{fmt(g['gap_last'], g['gap_last_ci95'])} | {fmt(g['precision_last'])} | {fmt(g['staleness_last'])} | "
             f"{fmt(g['reward_last'], g['reward_last_ci95'])} | {fmt(g['heldout_step0'])} → "
             f"{fmt(g['heldout_last'], g['heldout_last_ci95'])} | {fmt(g['tps_full_step'], g['tps_full_step_ci95'])} |")
-    lines += ["", "| window | arm − stock | metric | difference ± 95% |", "|---|---|---|---|"]
+    lines += ["", "| task / preset | window | arm − stock | metric | difference ± 95% |", "|---|---|---|---|---|"]
     for d in t["differences"]:
-        lines.append(f"| op{d['offpolicy']} | {d['arm']} | {d['metric']} | {fmt(d['diff'], d['ci95'])} |")
+        lines.append(f"| {d['task']} / {d['preset']} | op{d['offpolicy']} | {d['arm']} | {d['metric']} | {fmt(d['diff'], d['ci95'])} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default="results/repro/*/*")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="the JSON to write")
+    p.add_argument("--md", default=None, help="the Markdown table to write too")
     p.add_argument("--last", type=int, default=10, help="steps at the end every seed reached, averaged")
     args = p.parse_args(argv)
     t = table(args.runs, args.last)
     print(markdown(t))
+    if args.md:
+        Path(args.md).write_text(markdown(t) + "\n")
     if args.out:
         Path(args.out).write_text(json.dumps(t, indent=2) + "\n")
     return 0

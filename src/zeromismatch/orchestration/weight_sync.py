@@ -164,8 +164,7 @@ class WeightSync:
             self._shared = {d: fn(*args) for d, (fn, args) in handles.items()}
         self._sent += 1
         version = int(self.store.get(f"ipc/version/{self._sent}"))
-        flat = {d: t.clone() for d, t in self._shared.items()}
-        torch.cuda.synchronize(self.device)
+        flat = copy_out(self._shared, self.device)
         self.store.set(f"ipc/ack/{self._sent}/{self.rank}", "1")
         return version, _unflatten(flat, layout)
 
@@ -173,3 +172,16 @@ class WeightSync:
         self.pg = None
         self._shared = None
         self.store = None
+
+
+def copy_out(shared: dict[torch.dtype, torch.Tensor], device) -> dict[torch.dtype, torch.Tensor]:
+    """Copies of the shared buffers, complete on return. On a stream of its own, synchronized alone: the
+    generator's engine may be capturing a decode graph in another thread of this process, and during a capture
+    a device-wide synchronize (or work on the legacy default stream) fails with 'operation not permitted when
+    stream is capturing'."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        flat = {d: t.clone() for d, t in shared.items()}
+    stream.synchronize()
+    return flat
