@@ -30,6 +30,7 @@ from zeromismatch.plots import group_runs, load_runs  # noqa: E402
 from zeromismatch.plots.cost import TPS_FULL, TPS_FWD_BWD  # noqa: E402
 from zeromismatch.plots.curves import REWARD, VALIDATION  # noqa: E402
 from zeromismatch.plots.mismatch import MISMATCH, PRECISION, STALENESS  # noqa: E402
+from zeromismatch.plots.runs import config_value  # noqa: E402
 
 # Student t quantile 0.975 by degrees of freedom (the normal 1.96 beyond the table)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -77,6 +78,18 @@ def diff_ci(a: list[float], b: list[float]) -> tuple[float | None, float | None]
     return d, float(half)
 
 
+def paired_ci(a: dict, b: dict) -> tuple[float | None, float | None, int]:
+    """Mean and 95% half-width of a[seed] - b[seed] over the seeds both have (arms of one seed see the same
+    prompts and sampling seeds, so their difference varies far less than either arm); the number of pairs."""
+    d = np.asarray([a[k] - b[k] for k in sorted(set(a) & set(b)) if a[k] is not None and b[k] is not None],
+                   dtype=np.float64)
+    if d.size == 0:
+        return None, None, 0
+    if d.size == 1:
+        return float(d[0]), None, 1
+    return float(d.mean()), float(t975(d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)), int(d.size)
+
+
 def run_value(run, key: str, how: str, last_steps: set[int], final_step: int | None) -> float | None:
     steps, vals = run.series(key)
     if not steps.size:
@@ -108,7 +121,7 @@ def table(runs_spec: str, last: int) -> dict:
         last_steps = set(range(max(0, common - last), common))
         row = {"task": key.task, "preset": key.preset, "arm": key.arm, "offpolicy": key.offpolicy,
                "seeds": len(rs), "steps_reached": reached, "last_steps": [min(last_steps, default=0), common - 1]}
-        values = {}
+        values = {"_seeds": [config_value(r.config, "seed") for r in rs]}
         for name, (metric, how) in COLUMNS.items():
             values[name] = [run_value(r, metric, how, last_steps, common - 1) for r in rs]
             row[name], row[name + "_ci95"] = mean_ci(values[name])
@@ -121,8 +134,10 @@ def table(runs_spec: str, last: int) -> dict:
             continue
         for name in ("gap_last", "reward_last", "heldout_last", "tps_full_step"):
             d, h = diff_ci(values[name], ref[name])
+            pd, ph, n = paired_ci(dict(zip(values["_seeds"], values[name])), dict(zip(ref["_seeds"], ref[name])))
             out["differences"].append({"task": task, "preset": preset, "offpolicy": op, "arm": arm, "vs": "stock",
-                                       "metric": name, "diff": d, "ci95": h})
+                                       "metric": name, "diff": d, "ci95": h,
+                                       "paired_diff": pd, "paired_ci95": ph, "pairs": n})
     return out
 
 
@@ -145,9 +160,11 @@ def markdown(t: dict) -> str:
             f"{fmt(g['gap_last'], g['gap_last_ci95'])} | {fmt(g['precision_last'])} | {fmt(g['staleness_last'])} | "
             f"{fmt(g['reward_last'], g['reward_last_ci95'])} | {fmt(g['heldout_step0'])} → "
             f"{fmt(g['heldout_last'], g['heldout_last_ci95'])} | {fmt(g['tps_full_step'], g['tps_full_step_ci95'])} |")
-    lines += ["", "| task / preset | window | arm − stock | metric | difference ± 95% |", "|---|---|---|---|---|"]
+    lines += ["", "| task / preset | window | arm − stock | metric | difference ± 95% (independent) | paired by seed ± 95% |",
+              "|---|---|---|---|---|---|"]
     for d in t["differences"]:
-        lines.append(f"| {d['task']} / {d['preset']} | op{d['offpolicy']} | {d['arm']} | {d['metric']} | {fmt(d['diff'], d['ci95'])} |")
+        lines.append(f"| {d['task']} / {d['preset']} | op{d['offpolicy']} | {d['arm']} | {d['metric']} | "
+                     f"{fmt(d['diff'], d['ci95'])} | {fmt(d['paired_diff'], d['paired_ci95'])} ({d['pairs']} seeds) |")
     return "\n".join(lines)
 
 
