@@ -6,10 +6,17 @@
 # and PYTHONPATH=/tmp/site:src (--no-deps: the image's own numpy, torch, transformers, ... stay as they are).
 #   bash scripts/gpu_wheels.sh [DIR=.whl]            # the base set (~25 MB)
 #   bash scripts/gpu_wheels.sh DIR --ray RAYDIR      # and Ray for rl.backend=ray, slimmed (below), into RAYDIR
+#   bash scripts/gpu_wheels.sh DIR --debs DEBDIR     # and bubblewrap's Debian package (the terminal agent's
+#                                                    # sandbox), unpacked there with dpkg -x (README "GPU")
 set -euo pipefail
 DIR="${1:-.whl}"
-RAYDIR=""
-if [ "${2:-}" = "--ray" ]; then RAYDIR="${3:?--ray needs a folder}"; fi
+RAYDIR="" DEBDIR=""
+case "${2:-}" in
+    --ray) RAYDIR="${3:?--ray needs a folder}" ;;
+    --debs) DEBDIR="${3:?--debs needs a folder}" ;;
+    "") ;;
+    *) echo "gpu_wheels.sh: unknown option ${2}: --ray DIR | --debs DIR" >&2; exit 2 ;;
+esac
 
 download() {  # download DEST NAME==VERSION...: py3.12 manylinux x86-64 binaries, or pure-Python wheels
     local dest="$1"; shift
@@ -46,4 +53,11 @@ if [ -n "$RAYDIR" ]; then
     rm -rf "$tmp"
     download "$RAYDIR" jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0
     echo "$RAYDIR: $(ls "$RAYDIR" | wc -l) wheels, $(du -sh "$RAYDIR" | cut -f1)"
+fi
+
+if [ -n "$DEBDIR" ]; then
+    # bwrap alone: its dependencies (libc6, libcap2, libselinux1) are in every Debian / Ubuntu base image
+    mkdir -p "$DEBDIR"
+    (cd "$DEBDIR" && apt-get download bubblewrap)
+    echo "$DEBDIR: $(ls "$DEBDIR")"
 fi
