@@ -40,7 +40,7 @@ def padded_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (F.pad(x, (0, 0, 0, pad)) @ w.t())[:m] if pad else x @ w.t()
 
 
-VARIANTS = {"invariant_blocked": cpu.linear, "padded_gemm": padded_gemm, "F.linear": F.linear}
+VARIANTS = {"invariant_rows": cpu.linear, "padded_gemm": padded_gemm, "F.linear": F.linear}
 
 
 def linear_shapes(preset: str) -> list[tuple[str, int, int, float]]:
@@ -163,11 +163,9 @@ def main():
     p.add_argument("--rows", default="1,8,32,64,1024", help="row counts M: decode 1..64, trainer 1024")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--budget", type=float, default=0.3, help="seconds of repeats per measurement")
-    p.add_argument("--row-block", type=int, default=cpu.ROW_BLOCK)
     p.add_argument("--end-to-end", default="", help="presets for the trainer / generator measurement, e.g. tiny")
     p.add_argument("--out")
     a = p.parse_args()
-    cpu.ROW_BLOCK = a.row_block
     default_threads = torch.get_num_threads()
     res = bench(a.presets.split(","), [int(m) for m in a.rows.split(",")], [int(t) for t in a.threads.split(",")], a.budget)
     e2e = end_to_end(a.end_to_end.split(",")) if a.end_to_end else None
@@ -180,12 +178,12 @@ def main():
         "machine": f"{platform.machine()} {model}, {os.cpu_count()} cores, {default_threads} default torch threads",
         "load_average_1_5_15_min_at_end": os.getloadavg(),
         "torch": torch.__version__,
-        "row_block": cpu.ROW_BLOCK,
+        "invariant_form": "one [1, K] x [K, N] problem per row (torch.bmm), K padded to 64 bytes",
         "sequential_gemm": cpu.SEQUENTIAL_GEMM,
         "timing": "minimum over repeats, microseconds per call; per_forward sums uses in one forward",
         "note": "the machine is shared: with 2 threads, a threaded GEMM (padded_gemm, F.linear) stalls whenever "
         "another job holds the second core (rows far above their 1-thread time); the invariant GEMM runs each "
-        "block on one thread and is not exposed to that",
+        "row's problem on one thread and is not exposed to that",
         "results": res,
     }
     if e2e:
