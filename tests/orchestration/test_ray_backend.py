@@ -106,7 +106,7 @@ def test_async_tiny_math_step0_zero_and_ages_within_n(data_dir, tmp_path):
     assert max(ages) <= N and max(ages) >= 1  # the generators ran ahead of the trainer
     assert [h["train/version"] for h in hist] == [1, 2, 3, 4]
     assert "validation_reward/_mean" in hist[-1]
-    assert out["generator_restarts"] == 0
+    assert out["generator_restarts"] == 0 and out["weight_sync"] == "gloo"
 
 
 def _kill_generator_when_busy(run_dir: Path, done: threading.Event, killed: list) -> None:

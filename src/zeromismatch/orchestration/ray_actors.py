@@ -53,6 +53,10 @@ def free_port() -> int:
 def _start(cfg_dict: dict):
     """The role's config, seeds and starting model (every role builds the same one from the seed)."""
     cfg = OmegaConf.create(cfg_dict)
+    if str(cfg.device).startswith("cuda"):
+        # Ray lists only the GPUs it gave this actor in CUDA_VISIBLE_DEVICES: the first is cuda:0 here, whatever
+        # index the driver's config names
+        cfg.device = "cuda:0"
     torch.set_num_threads(1)  # one intra-op thread per actor; numerics do not depend on the thread count
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

@@ -33,7 +33,6 @@ from ..tasks.base import ToolError
 from ..tasks.registry import build_task
 from .build import build_buffer, for_generation
 from .checkpoint import load_rl_checkpoint, restore_rng
-from .disaggregated import GeneratorFailed
 from .ray_actors import GeneratorRole, NotInWeightSync, TrainerRank, free_port
 from .ray_cluster import actor_options, connect, shutdown
 from .trainer_loop import TrainerLoop
@@ -78,12 +77,16 @@ def run_on_ray(cfg) -> dict:
         finally:
             task.close()
         out = loop.finish()
-        out.update(generator_restarts=run.recovered, groups_regenerated=run.regenerated)
+        out.update(generator_restarts=run.recovered, groups_regenerated=run.regenerated, weight_sync=run.transport)
         return out
     finally:
         if run is not None:
             run.close()
         shutdown(started)
+
+
+class GeneratorFailed(RuntimeError):
+    """A generator actor failed; the message is its exception's."""
 
 
 def _raise_cause(e: RayTaskError):
