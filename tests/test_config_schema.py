@@ -145,6 +145,17 @@ def test_removed_key_is_missing():
     assert _error("~rl.swap_policy") == "rl.swap_policy: missing; expected one of keep, recompute (conf/rl/default.yaml)"
 
 
+REMOVED_DISAGGREGATED = ("rl.disaggregated=true: removed; the disaggregated run (trainer and generators in processes of "
+                         "their own) is rl.backend=ray (conf/ray/default.yaml, docs/distributed.md)")
+
+
+def test_a_key_that_is_gone_names_what_replaced_it():
+    assert _error("+rl.disaggregated=true") == REMOVED_DISAGGREGATED  # e.g. set by an old experiment yaml
+    with pytest.raises(HydraException) as e:
+        _compose("rl.disaggregated=true")
+    assert hydra_error_line(e.value) == REMOVED_DISAGGREGATED
+
+
 def test_what_this_machine_cannot_run():
     cuda = _error("device=cuda")
     assert cuda.startswith("device=cuda: this machine has no CUDA device (torch ") and cuda.endswith("; use device=cpu")
@@ -153,8 +164,7 @@ def test_what_this_machine_cannot_run():
         assert _error("generator=vllm") == ("generator=vllm needs vLLM: pip install -e '.[vllm]' (or "
                                             "scripts/install_vllm.sh), or use generator=embedded")
     else:
-        assert _error("generator=vllm", "rl.disaggregated=true") == (
-            "generator=vllm runs in the trainer's process: rl.disaggregated=true is not supported")
+        assert _error("generator=vllm", "rl.swap_policy=recompute") == "rl.swap_policy='recompute': generator=vllm supports keep only"
     check_config(_compose("task=search"), cuda_available=False)
     assert _error("task=search", "task.source=files", "task.files.train=/x.parquet", "task.files.eval=/y.parquet") == (
         "task.files.corpus=null and task.retriever.url=null: give a corpus JSONL to serve or a running retriever's URL "
@@ -207,6 +217,7 @@ def _run(cwd: Path, *args: str, debug: bool = False) -> tuple[subprocess.Complet
         (["+exp=agent_op4_bi"], "error: file not found: data/agent/train.jsonl (task.rows.train)"),
         (["+exp=search_op4_bi"], "error: file not found: data/search_r1/train.parquet (task.files.train)"),
         (["rl.foo=1"], "error: rl.foo: unknown key; Could not override 'rl.foo'; To append to your config use +rl.foo=1"),
+        (["rl.disaggregated=true"], f"error: {REMOVED_DISAGGREGATED}"),
     ],
 )
 def test_run_py_fails_fast_with_one_line_and_builds_nothing(tmp_path, args, message):
@@ -239,3 +250,16 @@ def test_ray_gpu_resources_need_a_cuda_device():
     pytest.importorskip("ray")
     assert _error("rl.backend=ray", "ray.trainer_resources.num_gpus=0.5").startswith(
         "ray.*_resources.num_gpus=0.5 with device=cpu: set device=cuda or num_gpus=0")
+
+
+def test_ray_on_cuda_needs_gpu_shares_the_cluster_has():
+    """device=cuda on Ray: each actor sees only the GPUs it reserves, so each role reserves a share; trainer ranks
+    never share a GPU (NCCL); a local cluster advertises enough GPUs (else the actors wait forever)."""
+    pytest.importorskip("ray")
+    cuda = lambda *o: _error("rl.backend=ray", "device=cuda", *o, cuda_available=True)  # noqa: E731
+    assert cuda() == ("ray.generator_resources.num_gpus=0 with device=cuda: reserve a GPU share per actor "
+                      "(ray=one_gpu: every role on one GPU, conf/ray/one_gpu.yaml)")
+    assert cuda("ray.generator_resources.num_gpus=0.5", "ray.trainer_resources.num_gpus=0.5").startswith(
+        "ray.trainer_ranks=2 with ray.trainer_resources.num_gpus=0.5: trainer ranks would share a GPU, which NCCL refuses")
+    assert cuda("ray=one_gpu", "ray.num_gpus=0").startswith("ray.num_gpus=0: the actors reserve 1 GPUs of the local cluster")
+    check_config(_compose("rl.backend=ray", "device=cuda", "ray=one_gpu"), cuda_available=True)

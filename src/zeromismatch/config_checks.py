@@ -29,9 +29,24 @@ def search_files(task: Any) -> None:
 def ray(cfg: Any) -> None:
     if importlib.util.find_spec("ray") is None:
         raise ConfigError("rl.backend=ray: the ray package is not installed; pip install -e '.[ray]' (pyproject.toml)")
-    gpus = max(float(cfg.ray.generator_resources.num_gpus), float(cfg.ray.trainer_resources.num_gpus))
-    if gpus > 0 and not str(cfg.device).startswith("cuda"):
-        raise ConfigError(f"ray.*_resources.num_gpus={gpus:g} with device={cfg.device}: set device=cuda or num_gpus=0 (conf/ray/default.yaml)")
+    r = cfg.ray
+    gen, tr = float(r.generator_resources.num_gpus), float(r.trainer_resources.num_gpus)
+    if not str(cfg.device).startswith("cuda"):
+        if max(gen, tr) > 0:
+            raise ConfigError(f"ray.*_resources.num_gpus={max(gen, tr):g} with device={cfg.device}: set device=cuda or num_gpus=0 (conf/ray/default.yaml)")
+        return
+    # an actor sees only the GPUs Ray gives it (CUDA_VISIBLE_DEVICES): every role must reserve a share
+    for role, share in (("generator", gen), ("trainer", tr)):
+        if share <= 0:
+            raise ConfigError(f"ray.{role}_resources.num_gpus=0 with device={cfg.device}: reserve a GPU share per actor "
+                              "(ray=one_gpu: every role on one GPU, conf/ray/one_gpu.yaml)")
+    if int(r.trainer_ranks) > 1 and tr < 1:
+        raise ConfigError(f"ray.trainer_ranks={r.trainer_ranks} with ray.trainer_resources.num_gpus={tr:g}: trainer ranks would "
+                          "share a GPU, which NCCL refuses; give each rank a whole GPU or set ray.trainer_ranks=1")
+    need = int(r.generators) * gen + int(r.trainer_ranks) * tr
+    if not r.address and need > int(r.num_gpus):
+        raise ConfigError(f"ray.num_gpus={r.num_gpus}: the actors reserve {need:g} GPUs of the local cluster; set ray.num_gpus "
+                          "to this machine's GPU count or lower the shares (conf/ray/default.yaml)")
 
 
 def agent(task: Any) -> None:
@@ -51,7 +66,5 @@ def vllm(cfg) -> None:
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(f"generator={backend} needs vLLM: pip install -e '.[vllm]' (or scripts/install_vllm.sh), "
                           "or use generator=embedded")
-    if cfg.job.name == "rl" and cfg.rl.get("disaggregated", False):
-        raise ConfigError(f"generator={backend} runs in the trainer's process: rl.disaggregated=true is not supported")
     if cfg.job.name == "rl" and cfg.rl.get("swap_policy", "keep") != "keep":
         raise ConfigError(f"rl.swap_policy={cfg.rl.swap_policy!r}: generator={backend} supports keep only")

@@ -228,7 +228,7 @@ RL: Group = {
     "log_ratio_clamp": number(0, lo_open=True), "adv_std_norm": BOOL, "drop_uniform_groups": BOOL,
     "tis_cap": number(0, lo_open=True, optional=True),
     "icepop": Check(lambda v: v is None or (list_of(number(0), 2).ok(v) and v[0] <= v[1]), "null or [low, high] with 0 <= low <= high"),
-    "swap_policy": one_of("keep", "recompute"), "deterministic": BOOL, "disaggregated": BOOL,
+    "swap_policy": one_of("keep", "recompute"), "deterministic": BOOL,
     "backend": one_of("threaded", "ray"),
     "dynamic_sampling": BOOL, "staleness_split": BOOL, "checkpoint_every": COUNT, "max_prompt_len": POSITIVE_INT,
     "sft_warm_start": BOOL,
@@ -280,6 +280,11 @@ SCHEMA: dict[str, Any] = {
     "logging": LOGGING,
     "ray": RAY,
 }
+# keys that are gone: a config that still sets one fails with what replaced it
+REMOVED: dict[str, str] = {
+    "rl.disaggregated": "removed; the disaggregated run (trainer and generators in processes of their own) is "
+                        "rl.backend=ray (conf/ray/default.yaml, docs/distributed.md)",
+}  # fmt: skip
 _DEFAULT_OPTION = {"rl": "default", "trainer": "default", "logging": "default", "ray": "default"}
 _SELECTOR_OPTION = {"job": "name", "task": "name", "generator": "backend", "model": "preset", "numerics": "name"}
 
@@ -298,11 +303,18 @@ def _fail(key: str, value: Any, allowed: str, source: str) -> ConfigError:
     return ConfigError(f"{key}={value!r}: expected {allowed} ({source})")
 
 
+def _removed(key: str, value: Any) -> ConfigError:
+    shown = str(value).lower() if isinstance(value, bool) else value
+    return ConfigError(f"{key}={shown}: {REMOVED[key]}")
+
+
 def _check_group(prefix: str, node: Any, schema: Group, source: str) -> None:
     if not isinstance(node, dict):
         raise _fail(prefix, node, f"a mapping with keys {', '.join(schema)}", source)
     for key, value in node.items():
         full = f"{prefix}.{key}"
+        if key not in schema and full in REMOVED:
+            raise _removed(full, value)
         if key not in schema:
             close = difflib.get_close_matches(str(key), list(schema), n=1)
             hint = f"did you mean {prefix}.{close[0]}? " if close else ""
@@ -445,6 +457,9 @@ def hydra_error_line(ex: BaseException) -> str:
     malformed override) as one line; option lists joined by commas."""
     text, cause = str(ex), ex.__cause__
     key = getattr(ex, "full_key", None) or getattr(cause, "full_key", None)
+    given = re.search(rf"use \+{re.escape(key)}=(.*)$", text, re.M) if key in REMOVED else None
+    if given:  # an override of a key that is gone: say what replaced it
+        return str(_removed(key, given.group(1)))
     if isinstance(cause, OmegaConfBaseException):
         first = str(cause).splitlines()[0]
         text = f"unknown key\n{text}" if "is not in struct" in first else f"{text}\n{first}"

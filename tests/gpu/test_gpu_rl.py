@@ -1,12 +1,14 @@
 """The RL job on CUDA: a few async steps of the tiny math experiment (conf/exp/tiny_math_op4_<mode>) in bf16
-(fp32 GDN state, lm_head and logprobs) in each numerics mode, threaded and disaggregated (both processes on
-cuda:0, gloo between them). The run goes through the real math task (prompts, rollouts, the verifier reward),
+(fp32 GDN state, lm_head and logprobs) in each numerics mode, threaded and on Ray (ray=one_gpu: a generator
+actor and a trainer actor sharing cuda:0 by fractional GPU reservations, the weights pushed GPU to GPU by CUDA
+IPC; skipped where ray is not installed). The run goes through the real math task (prompts, rollouts, the verifier reward),
 the train step, the staleness split, held-out evaluation and a checkpoint.
 
 A random-init model (no SFT warm start, for speed) never writes a marked answer, so every group is all-wrong;
 rl.drop_uniform_groups=false keeps those groups so that every step still runs the loss and the mismatch
 metrics. Skipped without CUDA."""
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -63,13 +65,20 @@ def check_run(out: dict, mode: str) -> None:
     assert (run_dir / "checkpoint.pt").is_file()
 
 
-@pytest.mark.parametrize("schedule", ["threaded", "disaggregated"])
+SCHEDULES = {"threaded": ["rl.backend=threaded"], "ray": ["rl.backend=ray", "ray=one_gpu"]}
+RAY_MISSING = importlib.util.find_spec("ray") is None
+
+
+@pytest.mark.parametrize("schedule", ["threaded", pytest.param("ray", marks=pytest.mark.skipif(
+    RAY_MISSING, reason="rl.backend=ray needs the ray package (pip install -e '.[ray]')"))])
 @pytest.mark.parametrize("mode", ["stock", "bi", "bi_chunk"])
 def test_gpu_rl_async_steps(data_dir, tmp_path, mode, schedule):
-    disaggregated = "true" if schedule == "disaggregated" else "false"
-    cfg = rl_cfg(data_dir, tmp_path / "run", mode, f"rl.disaggregated={disaggregated}")
+    cfg = rl_cfg(data_dir, tmp_path / "run", mode, *SCHEDULES[schedule])
     n_threads = torch.get_num_threads()
     try:
-        check_run(rl_job.main(cfg), mode)
+        out = rl_job.main(cfg)
     finally:
         torch.set_num_threads(n_threads)  # async runs pin one intra-op thread
+    check_run(out, mode)
+    if schedule == "ray":
+        assert out["weight_sync"] == "cuda_ipc"  # the weights moved GPU to GPU between the two actors

@@ -10,8 +10,8 @@ from hydra import compose, initialize_config_dir
 
 from zeromismatch.jobs import rl as rl_job
 
-TWO_PROCESS_BACKENDS = ["rl.disaggregated=true", pytest.param("rl.backend=ray", marks=pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None, reason="rl.backend=ray needs the ray extra: pip install -e '.[ray]'"))]
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="rl.backend=ray needs the ray extra: pip install -e '.[ray]'")
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 
@@ -73,13 +73,12 @@ def test_kill_and_resume_is_bitwise(tmp_path):
     assert all(h["bit_wise/logprob_diff/precision_abs_mean"] == 0.0 for h in full["history"])
 
 
-@pytest.mark.parametrize("backend", TWO_PROCESS_BACKENDS)
-def test_disaggregated_two_processes(tmp_path, backend):
-    """rl.disaggregated=true (generator and trainer in two processes over gloo, weights sent after each step)
-    and rl.backend=ray (2 generator actors, 2 trainer ranks, a broadcast after each step). Same contract as the threaded async run: step-0 gap exactly 0 in bi, ages within offpolicy N, and the
-    generator really ran ahead."""
+@needs_ray
+def test_ray_backend_async_run(tmp_path):
+    """rl.backend=ray (2 generator actors, 2 trainer ranks, a broadcast after each step): the threaded async
+    run's contract: step-0 gap exactly 0 in bi, ages within offpolicy N, and the generators really ran ahead."""
     out = rl_job.main(cfg_for(tmp_path, "dis", "numerics=bi", "rl.steps=10", "rl.deterministic=false",
-                              backend, "rl.checkpoint_every=0"))
+                              "rl.backend=ray", "rl.checkpoint_every=0"))
     hist = out["history"]
     assert len(hist) == 10
     assert hist[0]["bit_wise/logprob_diff/abs_mean"] == 0.0
@@ -90,17 +89,17 @@ def test_disaggregated_two_processes(tmp_path, backend):
     assert [r["step"] for r in rows] == list(range(10))
 
 
-@pytest.mark.parametrize("backend", TWO_PROCESS_BACKENDS)
-def test_disaggregated_checkpoint_and_resume(tmp_path, backend):
-    """The trainer checkpoints with the generator's buffer and data position (fetched at the step boundary);
-    a resumed disaggregated run continues from that step and version, within the age bound."""
+@needs_ray
+def test_ray_backend_async_checkpoint_and_resume(tmp_path):
+    """The checkpoint holds the driver's buffer and data position and the trainer's full state, taken at the
+    step boundary; a resumed async run on Ray continues from that step and version, within the age bound."""
     first = rl_job.main(cfg_for(tmp_path, "dck", "numerics=bi", "rl.steps=4", "rl.deterministic=false",
-                                backend, "rl.checkpoint_every=2"))
+                                "rl.backend=ray", "rl.checkpoint_every=2"))
     ckpt = Path(first["run_dir"]) / "checkpoint.pt"
     saved = torch.load(ckpt, weights_only=False)
     assert saved["step"] == 4 and saved["prompts_consumed"] >= 4 * 4  # P=4 prompts a step, and run-ahead
     out = rl_job.main(cfg_for(tmp_path, "dck2", "numerics=bi", "rl.steps=7", "rl.deterministic=false",
-                              backend, "rl.checkpoint_every=0", f"job.resume={ckpt}"))
+                              "rl.backend=ray", "rl.checkpoint_every=0", f"job.resume={ckpt}"))
     hist = out["history"]
     assert [h["step"] for h in hist] == [4, 5, 6]
     assert [h["train/version"] for h in hist] == [5, 6, 7]

@@ -1,6 +1,6 @@
 """Multi-turn limits and failures: the turn limit and the context cap truncate an episode (reward 0, finish
 recorded, counted in the batch metrics); a ToolError stops the run with its message in every controller mode
-(lockstep, threaded async, disaggregated) and no episode is left open; in-flight multi-turn groups of a
+(lockstep, threaded async, on Ray) and no episode is left open; in-flight multi-turn groups of a
 checkpoint are regenerated from their prompts and seeds; a short async RL job on task=toy_multiturn."""
 
 from __future__ import annotations
@@ -130,10 +130,9 @@ def test_tool_error_stops_the_run_in_process(tmp_path, built_tasks, mode):
     assert built_tasks and all(t.live_episodes == 0 for t in built_tasks)
 
 
-@pytest.mark.parametrize("backend", ["rl.disaggregated=true", pytest.param("rl.backend=ray", marks=pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None, reason="rl.backend=ray needs the ray extra: pip install -e '.[ray]'"))])
-def test_tool_error_stops_the_disaggregated_run(tmp_path, backend):
-    cfg = cfg_for(tmp_path, "task.tool_error_turn=0", "rl.steps=3", "rl.deterministic=false", backend,
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="rl.backend=ray needs the ray extra: pip install -e '.[ray]'")
+def test_tool_error_stops_the_run_on_ray(tmp_path):
+    cfg = cfg_for(tmp_path, "task.tool_error_turn=0", "rl.steps=3", "rl.deterministic=false", "rl.backend=ray",
                   "rl.checkpoint_every=0")
     with pytest.raises(ToolError, match=r"toy tool failed after model turn 0"):
         rl_job.main(cfg)

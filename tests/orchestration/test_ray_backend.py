@@ -3,7 +3,8 @@
 - the tiny math experiment (conf/exp/tiny_math_op4_bi), lockstep: every logged metric and the trained
   weights equal the threaded run's bit for bit (the router spreads the groups over two engines; batch
   invariance makes where a group ran irrelevant; FSDP2 over 2 ranks equals one process);
-- the same experiment async: step-0 diff exactly 0 in bi, every age <= N, the generators ran ahead;
+- the same experiment async: step-0 diff exactly 0 in bi, every age <= N, the generators ran ahead (each weight
+  push overlapping the next trainer step where the window holds its batch);
 - a generator actor killed mid-run is restarted, its in-flight groups regenerated: the run completes
   with every prompt the driver admitted trained once, dropped by the age rule, or still in the buffer;
 - checkpoint and resume: a lockstep run resumed from its step-2 checkpoint continues bit for bit.
@@ -90,6 +91,7 @@ def test_lockstep_equals_threaded_bit_for_bit(data_dir, tmp_path, task):
     assert set(w_ray) == set(w_threaded)
     assert all(torch.equal(w_ray[k], w_threaded[k]) for k in w_threaded)
     assert on_ray["history"][-1]["bit_wise/logprob_diff/abs_mean"] > 0  # the weights moved between versions
+    assert all(h["perf/weight_sync/overlap_seconds"] == 0.0 for h in on_ray["history"])  # lockstep: pushed, then trained
     if task != "math":
         assert all(h["train/grad_norm"] > 0 for h in on_ray["history"])
     if task == "toy_multiturn":
@@ -106,7 +108,9 @@ def test_async_tiny_math_step0_zero_and_ages_within_n(data_dir, tmp_path):
     assert max(ages) <= N and max(ages) >= 1  # the generators ran ahead of the trainer
     assert [h["train/version"] for h in hist] == [1, 2, 3, 4]
     assert "validation_reward/_mean" in hist[-1]
-    assert out["generator_restarts"] == 0
+    assert out["generator_restarts"] == 0 and out["weight_sync"] == "gloo"
+    # how long each step trained with the previous version's push in flight (tests/orchestration/test_push_overlap.py)
+    assert all("perf/weight_sync/overlap_seconds" in h and "perf/weight_sync/push_seconds" in h for h in hist)
 
 
 def _kill_generator_when_busy(run_dir: Path, done: threading.Event, killed: list) -> None:

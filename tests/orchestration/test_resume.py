@@ -1,4 +1,4 @@
-"""Async resume after kill -9, threaded, disaggregated and on Ray: the run killed just after its first checkpoint is
+"""Async resume after kill -9, threaded and on Ray: the run killed just after its first checkpoint is
 resumed from it and reaches its last step, with no completed rollout lost or trained twice and every age
 within offpolicy N.
 
@@ -38,8 +38,8 @@ def _env() -> dict:
 
 
 def _run_and_kill(cmd: list[str], ckpt: Path, timeout: float = 240) -> None:
-    """Start ``cmd`` in a process group of its own; SIGKILL the whole group (the disaggregated run's two
-    ranks too) as soon as the first checkpoint is on disk."""
+    """Start ``cmd`` in a process group of its own; SIGKILL the whole group (a Ray run's local cluster
+    too) as soon as the first checkpoint is on disk."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     t0 = time.time()
@@ -56,13 +56,12 @@ def _run_and_kill(cmd: list[str], ckpt: Path, timeout: float = 240) -> None:
         proc.wait()
 
 
-@pytest.mark.parametrize("mode", ["threaded", "disaggregated", pytest.param("ray", marks=pytest.mark.skipif(
+@pytest.mark.parametrize("mode", ["threaded", pytest.param("ray", marks=pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="rl.backend=ray needs the ray extra: pip install -e '.[ray]'"))])
 def test_kill_9_and_resume_keeps_offpolicy_semantics(tmp_path, mode):
     run_dir = tmp_path / "run"
     ckpt = run_dir / "checkpoint.pt"
-    extra = {"threaded": ["logging.wandb.mode=offline"], "disaggregated": ["rl.disaggregated=true", "logging.wandb.mode=disabled"],
-             "ray": ["rl.backend=ray", "logging.wandb.mode=disabled"]}[mode]
+    extra = {"threaded": ["logging.wandb.mode=offline"], "ray": ["rl.backend=ray", "logging.wandb.mode=disabled"]}[mode]
     _run_and_kill(_cmd(*extra, f"logging.run_dir={run_dir}"), ckpt)
     assert read_status(run_dir)["status"] == "running"  # killed: never marked completed
     killed_at = torch.load(ckpt, weights_only=False)

@@ -6,8 +6,6 @@ interrupted, so that readers (plots) can skip runs that never produced anything.
 from __future__ import annotations
 
 import json
-import logging
-import sys
 import time
 import traceback
 from contextlib import contextmanager
@@ -58,8 +56,8 @@ def hydra_run_dir() -> Path | None:
 
 
 def pin_run_dir(cfg) -> Path:
-    """Decide the run's one folder and write it into cfg.logging.run_dir, so every part of the run (both
-    processes of a disaggregated one) uses it: the resumed run's folder, else Hydra's output dir, else
+    """Decide the run's one folder and write it into cfg.logging.run_dir, so every part of the run (the Ray
+    actors of an rl.backend=ray one too) uses it: the resumed run's folder, else Hydra's output dir, else
     (no Hydra: tests, notebooks) cfg.logging.run_dir made unique."""
     resume = cfg_get(cfg.job, "resume")
     if resume:
@@ -72,18 +70,6 @@ def pin_run_dir(cfg) -> Path:
         cfg.logging.run_dir = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
-
-
-def log_to_run_dir(run_dir: str | Path) -> None:
-    """Python logging as run.py's Hydra config sets it up (conf/config.yaml hydra.job_logging), for processes
-    Hydra did not start (a disaggregated run's ranks): INFO to the console, message only, and appended to
-    <run_dir>/run.log with time, logger and level."""
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(logging.Formatter("%(message)s"))
-    file = logging.FileHandler(Path(run_dir) / "run.log")
-    file.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[console, file], force=True)
 
 
 def write_status(run_dir: str | Path, status: str, error: str | None = None) -> None:

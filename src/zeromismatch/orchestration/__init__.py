@@ -4,7 +4,6 @@ and process groups.
 
     rollouts.py        RolloutWorker: prompts -> episodes -> scored groups -> RunAheadBuffer
     controller.py      in-process schedules: run_async (generator thread + WeightChannel), run_lockstep
-    disaggregated.py   two-process protocol over torch.distributed: serve_generator / run_trainer
     ray_run.py         rl.backend=ray: the driver (buffer, router, schedules, recovery) over Ray actors
     ray_actors.py      GeneratorRole (an engine and its episodes), TrainerRank (one FSDP2 rank)
     ray_cluster.py     a local Ray cluster (loopback only) or an existing one; actor resources
@@ -14,7 +13,7 @@ and process groups.
     build.py           an RL run's pieces from its config (trainer; engine + buffer + worker)
     trainer_loop.py    per-step training, logging, evaluation, checkpoints, summary
     checkpoint.py      step-boundary checkpoints and resume
-    runner.py          run_rl(cfg): the whole run, in one process, two, or on Ray
+    runner.py          run_rl(cfg): the whole run, in one process or on Ray
 """
 
 from .controller import WeightChannel, run_async, run_lockstep

@@ -8,7 +8,8 @@ group never leaves the generator it started on.
 
 TrainerRank: one rank of the trainer. Every rank runs train_step on the same batch (FSDP2 over
 torch.distributed inside the actors, trainer/distributed.py) and gathers the full weights after it; rank 0
-broadcasts them to the generators (weight_sync.py), with the version.
+broadcasts them to the generators (weight_sync.py), with the version, on a second method thread while the
+next step trains.
 
 Weights travel only through the weight-sync group, never inside a batch or a start message.
 """
@@ -53,6 +54,10 @@ def free_port() -> int:
 def _start(cfg_dict: dict):
     """The role's config, seeds and starting model (every role builds the same one from the seed)."""
     cfg = OmegaConf.create(cfg_dict)
+    if str(cfg.device).startswith("cuda"):
+        # Ray lists only the GPUs it gave this actor in CUDA_VISIBLE_DEVICES: the first is cuda:0 here, whatever
+        # index the driver's config names
+        cfg.device = "cuda:0"
     torch.set_num_threads(1)  # one intra-op thread per actor; numerics do not depend on the thread count
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -86,7 +91,7 @@ class GeneratorRole:
         self.layout = layout_of(model.state_dict())
         self.swap_policy = cfg.rl.swap_policy
         self.device = str(cfg.device)
-        self.channel, self.sync = WeightChannel(), None
+        self.channel, self.sync, self.received = WeightChannel(), None, version
         self.cond = threading.Condition()
         self.inbox: list = []
         self.error: BaseException | None = None
@@ -140,7 +145,11 @@ class GeneratorRole:
         if self.sync is None:
             raise NotInWeightSync(f"generator {self.index} restarted and has not joined the weight sync")
         version, weights = self.sync.recv(self.layout)
-        self.channel.publish(version, weights)
+        with self.cond:
+            # a push abandoned after another generator's death can complete after the recovery's newer one
+            stale, self.received = version <= self.received, max(version, self.received)
+        if not stale:
+            self.channel.publish(version, weights)
         return version
 
     def ping(self) -> str:
@@ -161,9 +170,17 @@ class GeneratorRole:
 
 
 class TrainerRank:
+    """One trainer rank; rank 0 also pushes the weights. Its methods run on several threads (ray_run.py): a
+    push (send_weights) on one while the next train_step runs on another, so it sends a kept copy of its
+    version's weights, never the live parameters."""
+
     def __init__(self, cfg_dict: dict, rank: int, world: int):
         self.cfg_dict, self.rank, self.world = cfg_dict, rank, world
-        self.trainer, self.full, self.sync = None, None, None
+        self.trainer, self.sync = None, None
+        self.lock = threading.Lock()
+        self.kept: dict[int, dict] = {}  # rank 0: version -> full weights, the newest two (a push may lag one step)
+        self.pushes: list[list[float]] = []  # rank 0: [start, end] of recent pushes, monotonic seconds (end 0: running)
+        self.last_push_s = 0.0
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port: rank 0's is the trainer group's rendezvous."""
@@ -184,30 +201,63 @@ class TrainerRank:
         ckpt = load_rl_checkpoint(cfg.job.get("resume"))
         if ckpt:
             load_full_trainer_state(self.trainer, ckpt["trainer"])
-        self.full = self.trainer.weights()  # collective under FSDP
+        self._keep(self.trainer.weights())  # collective under FSDP
         self.device = str(cfg.device)
         return self.trainer.version
 
+    def _keep(self, full: dict) -> None:
+        if self.rank != 0:  # only rank 0 pushes and serves the evaluation copy
+            return
+        with self.lock:
+            self.kept[self.trainer.version] = full
+            for v in [v for v in self.kept if v < self.trainer.version - 1]:
+                del self.kept[v]
+
     def train_step(self, batch) -> dict | None:
+        t0 = time.monotonic()
         metrics = self.trainer.train_step(batch)
-        self.full = self.trainer.weights()  # collective: every rank gathers, rank 0 broadcasts them
-        return metrics if self.rank == 0 else None
+        self._keep(self.trainer.weights())  # collective: every rank gathers, rank 0 keeps them to push
+        if self.rank != 0:
+            return None
+        metrics.update(self._push_stats(t0, time.monotonic()))
+        return metrics
+
+    def _push_stats(self, t0: float, t1: float) -> dict:
+        """How long pushes ran during this step (the overlap), and how long the last finished one took."""
+        with self.lock:
+            spans = [(a, b or t1) for a, b in self.pushes]
+            self.pushes = [p for p in self.pushes if not p[1]]  # a finished push cannot overlap a later step
+        overlap = float(sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans))
+        return {"perf/weight_sync/overlap_seconds": overlap, "perf/weight_sync/push_seconds": self.last_push_s}
 
     def open_sync(self, host: str, port: int, world: int, transport: str) -> None:
         self.sync = WeightSync(host, port, 0, world, transport, device=self.device, timeout_s=SYNC_TIMEOUT_S)
 
-    def send_weights(self) -> int:
+    def send_weights(self, version: int | None = None) -> int:
+        """Broadcast the kept weights of ``version`` (default: the newest) with that version."""
+        with self.lock:
+            version = max(self.kept) if version is None else version
+            weights, span = self.kept[version], [time.monotonic(), 0.0]
+            self.pushes.append(span)
+        sync = self.sync  # the driver may open a new group while this push waits on a dead member
         try:
-            self.sync.send(self.trainer.version, self.full)
+            sync.send(version, weights)
         except BaseException:
             # a member died: close this end, so that the generators still waiting on the broadcast fail now
             # instead of at the timeout; the driver opens a new group
-            self.sync.close()
+            sync.close()
             raise
-        return self.trainer.version
+        finally:
+            with self.lock:
+                span[1] = time.monotonic()
+                self.last_push_s = span[1] - span[0]
+        return version
 
     def full_weights(self) -> tuple[int, dict]:
-        return self.trainer.version, {k: v.detach().cpu() for k, v in self.full.items()}
+        with self.lock:
+            version = max(self.kept)
+            full = self.kept[version]
+        return version, {k: v.detach().cpu() for k, v in full.items()}
 
     def full_state(self) -> dict | None:
         """Collective: the trainer's full state (trainer/full_state.py) on rank 0, for a checkpoint."""

@@ -11,6 +11,12 @@ under weights some generator lacks); a group whose turns carry a version the buf
 yet waits here until it is; drops at consumption; deterministic=true is lockstep (generate until nothing is
 in flight, train, sync, repeat), deterministic=false lets the generators run while the trainer steps.
 
+The push overlaps the next trainer step (deterministic=false): after step s the driver starts the broadcast of
+version s + 1 and goes on to assemble and train step s + 1 from what the run-ahead window already holds; the
+generators swap when their copy is complete and report the version they run, which is what releases slots.
+A push starts once the previous one is finished (one broadcast at a time on the group). Lockstep finishes each
+push before the next admission, as the threaded lockstep does.
+
 Faults: a generator actor that dies is restarted by Ray (ray.max_restarts); its groups still in flight are
 taken back from the router, the weight-sync group is opened again with the new process, the current weights
 are broadcast, and the groups are assigned again from their prompts and seeds (their slots were never given
@@ -33,7 +39,6 @@ from ..tasks.base import ToolError
 from ..tasks.registry import build_task
 from .build import build_buffer, for_generation
 from .checkpoint import load_rl_checkpoint, restore_rng
-from .disaggregated import GeneratorFailed
 from .ray_actors import GeneratorRole, NotInWeightSync, TrainerRank, free_port
 from .ray_cluster import actor_options, connect, shutdown
 from .trainer_loop import TrainerLoop
@@ -78,12 +83,16 @@ def run_on_ray(cfg) -> dict:
         finally:
             task.close()
         out = loop.finish()
-        out.update(generator_restarts=run.recovered, groups_regenerated=run.regenerated)
+        out.update(generator_restarts=run.recovered, groups_regenerated=run.regenerated, weight_sync=run.transport)
         return out
     finally:
         if run is not None:
             run.close()
         shutdown(started)
+
+
+class GeneratorFailed(RuntimeError):
+    """A generator actor failed; the message is its exception's."""
 
 
 def _raise_cause(e: RayTaskError):
@@ -98,7 +107,9 @@ class RemoteTrainer:
     version, model (a local copy with the current weights, for evaluation), state_dict (full tensors)."""
 
     def __init__(self, cfg_dict: dict, rcfg, eval_model):
-        cls = ray.remote(TrainerRank).options(**actor_options(rcfg.trainer_resources))
+        # method threads: rank 0 pushes weights on one while the next step trains on another; a third keeps both
+        # going while a push abandoned after a generator's death waits for its timeout
+        cls = ray.remote(TrainerRank).options(**actor_options(rcfg.trainer_resources, max_concurrency=3))
         world = int(rcfg.trainer_ranks)
         self.ranks = [cls.remote(cfg_dict, r, world) for r in range(world)]
         addr, port = ray.get(self.ranks[0].address.remote())
@@ -142,6 +153,7 @@ class RayRun:
         self.live = [trainer.version] * len(self.gens)
         self.gen_stats = {"generated_tokens_per_s": 0.0}
         self.recovered = self.regenerated = 0
+        self.push: tuple | None = None  # the broadcast in flight: (send ref, receive refs)
         shares_gpu = float(rcfg.generator_resources.num_gpus) < 1 or float(rcfg.trainer_resources.num_gpus) < 1
         self.transport = rcfg.weight_sync if rcfg.weight_sync != "auto" else pick_transport(cfg.device, shares_gpu)
         self._open_sync()
@@ -157,20 +169,38 @@ class RayRun:
         calls += [g.open_sync.remote(host, port, i + 1, world, self.transport) for i, g in enumerate(self.gens)]
         ray.get(calls)
 
-    def sync_weights(self) -> None:
-        """Broadcast the trainer's current weights; every generator swaps them in between engine steps. A
-        generator that died meanwhile breaks the round for every member (gloo sees the closed connection): it
-        is recovered, which opens the group again and repeats the push."""
-        send = self.trainer.ranks[0].send_weights.remote()
-        recvs = [g.receive_weights.remote() for g in self.gens]
-        dead, failures = [], []
-        try:  # first: a failed send closes the trainer's end, which unblocks every generator still receiving
-            ray.get(send)
-        except RayTaskError as e:
-            failures.append(e)
-        for i, ref in enumerate(recvs):
+    def start_push(self) -> None:
+        """Start broadcasting the trainer's newest weights with their version, and return: the trainer goes on
+        to its next step while they travel; each generator swaps them in between engine steps once its copy
+        is complete. One broadcast at a time on the group: the previous push is finished first."""
+        self.finish_push()
+        send = self.trainer.ranks[0].send_weights.remote(self.trainer.version)
+        self.push = (send, [g.receive_weights.remote() for g in self.gens])
+
+    def finish_push(self) -> None:
+        """Wait for the push in flight. A generator that died meanwhile breaks the round for every member (gloo
+        sees the closed connection): it is recovered, which opens the group again and pushes again."""
+        if self.push is None:
+            return
+        dead, failures = self._wait_push()
+        if dead:
+            for i in dead:
+                self._recover(i)
+        elif failures:
+            raise failures[0]
+
+    def _wait_push(self) -> tuple[list, list]:
+        """(generators that died during the push in flight, other failures); no push is in flight after it.
+        The receives are waited for first: once one shows a death, neither the send nor the other receives
+        are waited for (a gloo send to a member killed mid-transfer only fails at the weight-sync timeout);
+        they end on their own and the recovery opens a new group."""
+        (send, recvs), self.push = self.push, None
+        dead, failures, waiting = [], [], {ref: i for i, ref in enumerate(recvs)}
+        while waiting and not dead:
+            ready, _ = ray.wait(list(waiting), num_returns=1)
+            i = waiting.pop(ready[0])
             try:
-                ray.get(ref)
+                ray.get(ready[0])
             except RayActorError:
                 dead.append(i)
             except RayTaskError as e:
@@ -178,11 +208,12 @@ class RayRun:
                     dead.append(i)
                 else:
                     failures.append(e)
-        if dead:
-            for i in dead:
-                self._recover(i)
-        elif failures:
-            raise failures[0]
+        if not dead:
+            try:
+                ray.get(send)
+            except RayTaskError as e:
+                failures.append(e)
+        return dead, failures
 
     # ------------------------------------------------------------------------------ admission, routing
     def admit(self) -> None:
@@ -198,10 +229,11 @@ class RayRun:
     def _route(self, start) -> None:
         self.outbox[self.router.assign(start[0], start)].append(start)
 
-    def collect(self) -> None:
-        """Take finished groups from every generator (waiting up to poll_s), hand over those whose versions
-        are released, release slots once a new version is live everywhere."""
-        results = self._get([g.collect.remote(self.poll_s) for g in self.gens], gens=list(range(len(self.gens))))
+    def collect(self, wait_s: float | None = None) -> None:
+        """Take finished groups from every generator (waiting up to wait_s, default poll_s), hand over those
+        whose versions are released, release slots once a new version is live everywhere."""
+        wait_s = self.poll_s if wait_s is None else wait_s
+        results = self._get([g.collect.remote(wait_s) for g in self.gens], gens=list(range(len(self.gens))))
         rates = 0.0
         for i, out in enumerate(results):
             if out is None:  # restarted: its groups were routed again
@@ -252,6 +284,8 @@ class RayRun:
         return out
 
     def _recover(self, g: int) -> None:
+        if self.push is not None:  # its outcome does not matter: the group is opened again and pushed to below
+            self._wait_push()
         starts = self.router.lost(g)
         log.warning("generator %d died: restarting it, %d groups to regenerate", g, len(starts))
         deadline = time.time() + 300
@@ -280,7 +314,12 @@ class RayRun:
             t0 = time.perf_counter()
             while True:
                 self.admit()
-                self.collect()
+                # async: when the window already holds this step's batch, it trains at once (the push of the
+                # previous version still travelling) and the generators are only looked at, not waited for
+                batch = None if lockstep else self.buffer.assemble_batch(step)
+                self.collect(0.0 if batch is not None else self.poll_s)
+                if batch is not None:
+                    break
                 if lockstep and (self.buffer.num_in_flight or self.held):
                     continue
                 batch = self.buffer.assemble_batch(step)
@@ -289,11 +328,13 @@ class RayRun:
                 if lockstep and not self.buffer.can_admit():
                     raise RuntimeError("run-ahead buffer full but no batch can be assembled")
             on_step(step, batch, time.perf_counter() - t0, self.gen_stats)
-            self.sync_weights()
+            self.start_push()
             if lockstep:  # the step boundary: the new weights live everywhere before anything is admitted
+                self.finish_push()
                 while min(self.live) != self.trainer.version:
                     self.collect()
             after_step(step)
+        self.finish_push()
 
     def close(self) -> None:
         """Close every generator's episodes and task, then end the actors (a cluster that is attached to

@@ -1,6 +1,6 @@
 """The trainer side of an RL run: one train step per batch, metrics to the logger, greedy held-out
 accuracy every rl.eval_every steps, checkpoints every rl.checkpoint_every steps, a summary at the end.
-The schedules (controller.py, disaggregated.py, ray_run.py) call ``on_step``; what happens at a step does not depend on
+The schedules (controller.py, ray_run.py) call ``on_step``; what happens at a step does not depend on
 which schedule delivered the batch.
 
 Besides the metrics, each step appends to <run_dir>/batches.jsonl which groups it trained on (prompt ids, ages
