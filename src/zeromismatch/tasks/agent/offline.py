@@ -135,9 +135,11 @@ def text_replace(rng):
     lines = _lines(rng, 5)
     lines[0] += f" {a}"
     text = "\n".join(lines) + "\n"
+    # A space as sed's delimiter: the words keep the spaced tokens of the instruction (the tiny BPE spells the
+    # word after 's/' as another token, which a tiny model never learned to copy: 0 of 15 held-out solved).
     return dict(instruction=f"Replace every {a} with {b} in {src}.txt.", files={f"{src}.txt": text},
                 test_files={"expected.txt": text.replace(a, b)}, check=_same_as(f"{src}.txt"),
-                solution=(f"sed -i 's/{a}/{b}/g' {src}.txt",))
+                solution=(f"sed -i 's {a} {b} g' {src}.txt",))
 
 
 def text_sum_column(rng):
