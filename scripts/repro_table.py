@@ -81,13 +81,9 @@ def diff_ci(a: list[float], b: list[float]) -> tuple[float | None, float | None]
 def paired_ci(a: dict, b: dict) -> tuple[float | None, float | None, int]:
     """Mean and 95% half-width of a[seed] - b[seed] over the seeds both have (arms of one seed see the same
     prompts and sampling seeds, so their difference varies far less than either arm); the number of pairs."""
-    d = np.asarray([a[k] - b[k] for k in sorted(set(a) & set(b)) if a[k] is not None and b[k] is not None],
-                   dtype=np.float64)
-    if d.size == 0:
-        return None, None, 0
-    if d.size == 1:
-        return float(d[0]), None, 1
-    return float(d.mean()), float(t975(d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)), int(d.size)
+    d = [a[k] - b[k] for k in sorted(set(a) & set(b)) if a[k] is not None and b[k] is not None]
+    d = [x for x in d if math.isfinite(x)]
+    return (*mean_ci(d), len(d))
 
 
 def run_value(run, key: str, how: str, last_steps: set[int], final_step: int | None) -> float | None:

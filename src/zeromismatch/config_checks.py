@@ -12,6 +12,14 @@ from .errors import ConfigError, MissingFileError
 from .tasks.agent.sandbox import bwrap_available
 
 
+def _files_exist(section: Any, prefix: str, keys: tuple[str, ...]) -> None:
+    """Every path the section sets under ``keys`` is a file (unset keys are checked by the caller)."""
+    for key in keys:
+        path = section.get(key)
+        if path and not Path(path).is_file():
+            raise MissingFileError(f"file not found: {path} ({prefix}.{key})")
+
+
 def search_files(task: Any) -> None:
     """task.source=files: the Search-R1 parquet files (and the corpus a managed retriever serves) exist."""
     for key in ("train", "eval"):
@@ -20,10 +28,7 @@ def search_files(task: Any) -> None:
     if not task.retriever.get("url") and not task.files.get("corpus"):
         raise ConfigError("task.files.corpus=null and task.retriever.url=null: give a corpus JSONL to serve or a running "
                           "retriever's URL (conf/task/search.yaml)")  # fmt: skip
-    for key in ("train", "eval", "corpus"):
-        path = task.files.get(key)
-        if path and not Path(path).is_file():
-            raise MissingFileError(f"file not found: {path} (task.files.{key})")
+    _files_exist(task.files, "task.files", ("train", "eval", "corpus"))
 
 
 def ray(cfg: Any) -> None:
@@ -54,10 +59,7 @@ def agent(task: Any) -> None:
     if why:
         raise ConfigError(f"task=agent runs every rollout in a bubblewrap sandbox: {why}")
     if task.source == "rows":
-        for key in ("train", "eval"):
-            path = task.rows.get(key)
-            if path and not Path(path).is_file():
-                raise MissingFileError(f"file not found: {path} (task.rows.{key})")
+        _files_exist(task.rows, "task.rows", ("train", "eval"))
 
 
 def vllm(cfg) -> None:

@@ -233,7 +233,7 @@ class RayRun:
         """Take finished groups from every generator (waiting up to wait_s, default poll_s), hand over those
         whose versions are released, release slots once a new version is live everywhere."""
         wait_s = self.poll_s if wait_s is None else wait_s
-        results = self._get([g.collect.remote(wait_s) for g in self.gens], gens=list(range(len(self.gens))))
+        results = self._get([g.collect.remote(wait_s) for g in self.gens])
         rates = 0.0
         for i, out in enumerate(results):
             if out is None:  # restarted: its groups were routed again
@@ -265,21 +265,17 @@ class RayRun:
                 "in_flight": sorted(in_flight, key=lambda s: s[0])}
 
     # -------------------------------------------------------------------------------------- faults
-    def _get(self, refs: list, gens: list) -> list:
-        """ray.get each call; a dead generator is recovered (its result None); a failure inside a generator
-        stops the run with its message (ToolError kept as such)."""
+    def _get(self, refs: list) -> list:
+        """ray.get each generator's call (refs[i]: generator i's); a dead generator is recovered (its result
+        None); a failure inside a generator stops the run with its message (ToolError kept as such)."""
         out = []
-        for ref, g in zip(refs, gens):
+        for g, ref in enumerate(refs):
             try:
                 out.append(ray.get(ref))
             except RayActorError:
-                if g is None:
-                    raise
                 self._recover(g)
                 out.append(None)
             except RayTaskError as e:
-                if g is None:
-                    raise
                 _raise_cause(e)
         return out
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import math
 import pickle
 from collections import defaultdict
 
@@ -64,11 +65,14 @@ def _by_dtype(layout: Layout) -> dict[torch.dtype, list[str]]:
     return dict(sorted(out.items(), key=lambda kv: str(kv[0])))
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
+def _flat_numel(layout: Layout, names: list[str]) -> int:
+    """Elements of the flat buffer that carries ``names``."""
+    return sum(math.prod(layout[k][0]) for k in names)
+
+
+def _check_layout(digest: int, layout: Layout) -> None:
+    if digest != _layout_hash(layout):
+        raise RuntimeError("weight sync: the trainer's weights (names, shapes, dtypes) differ from the generator's model")
 
 
 def _unflatten(flat: dict[torch.dtype, torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
@@ -77,7 +81,7 @@ def _unflatten(flat: dict[torch.dtype, torch.Tensor], layout: Layout) -> dict[st
         offset = 0
         for k in names:
             shape = layout[k][0]
-            n = _numel(shape)
+            n = math.prod(shape)
             out[k] = flat[dtype][offset:offset + n].view(shape)
             offset += n
     return out
@@ -129,11 +133,10 @@ class WeightSync:
         header = torch.zeros(2, dtype=torch.int64, device=self._wire_device)
         self._broadcast(header)
         version, digest = (int(x) for x in header.tolist())
-        if digest != _layout_hash(layout):
-            raise RuntimeError("weight sync: the trainer's weights (names, shapes, dtypes) differ from the generator's model")
+        _check_layout(digest, layout)
         flat = {}
         for dtype, names in _by_dtype(layout).items():
-            flat[dtype] = torch.empty(sum(_numel(layout[k][0]) for k in names), dtype=dtype, device=self._wire_device)
+            flat[dtype] = torch.empty(_flat_numel(layout, names), dtype=dtype, device=self._wire_device)
             self._broadcast(flat[dtype])
         return version, _unflatten(flat, layout)
 
@@ -144,7 +147,7 @@ class WeightSync:
     # ---------------------------------------------------------------------------------- cuda_ipc
     def _send_ipc(self, version, weights, layout, groups) -> None:
         if self._shared is None:
-            self._shared = {d: torch.empty(sum(_numel(layout[k][0]) for k in names), dtype=d, device=self.device)
+            self._shared = {d: torch.empty(_flat_numel(layout, names), dtype=d, device=self.device)
                             for d, names in groups.items()}
             handles = {d: reduce_tensor(t) for d, t in self._shared.items()}
             self.store.set("ipc/handles", pickle.dumps((_layout_hash(layout), handles)))
@@ -159,8 +162,7 @@ class WeightSync:
     def _recv_ipc(self, layout: Layout) -> tuple[int, dict[str, torch.Tensor]]:
         if self._shared is None:
             digest, handles = pickle.loads(self.store.get("ipc/handles"))
-            if digest != _layout_hash(layout):
-                raise RuntimeError("weight sync: the trainer's weights (names, shapes, dtypes) differ from the generator's model")
+            _check_layout(digest, layout)
             self._shared = {d: fn(*args) for d, (fn, args) in handles.items()}
         self._sent += 1
         version = int(self.store.get(f"ipc/version/{self._sent}"))

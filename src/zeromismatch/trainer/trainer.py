@@ -175,11 +175,8 @@ class Trainer:
             holds = [i for i, s in enumerate(samples) if bool(((s.gen_version == v) & (s.loss_mask != 0)).any())]
             part = self._rescore([samples[i] for i in holds], self.history[v])
             full = torch.full_like(t_cur, float("nan"))
-            at = 0
-            for i in holds:
-                n = bounds[i + 1] - bounds[i]
-                full[bounds[i]:bounds[i + 1]] = part[at:at + n]
-                at += n
+            for i, piece in zip(holds, part.split([bounds[i + 1] - bounds[i] for i in holds])):
+                full[bounds[i]:bounds[i + 1]] = piece
             by_version[v] = full
         t_old = gather_by_version(by_version, versions, mask_all)
         return {k: float(v) for k, v in mismatch_decomposition(t_cur, t_old, gen_all, mask_all).items()}
