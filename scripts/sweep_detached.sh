@@ -2,6 +2,7 @@
 # Sweeps that outlive the shell that starts them, for a GPU machine reached through commands of limited
 # length (from the repo root; the wheels and PYTHONPATH set up as README "GPU" says):
 #   bash scripts/sweep_detached.sh mps                        # CUDA MPS on, if it starts and CUDA works under it
+#   bash scripts/sweep_detached.sh mps-off                    # and off again, once no sweep runs
 #   bash scripts/sweep_detached.sh start NAME CORES ARGS...   # scripts/sweep.py ARGS in its own session (setsid),
 #                                                             # pinned to CORES (a taskset list, e.g. 0-8), its
 #                                                             # console in sweeps/NAME.log
@@ -11,7 +12,7 @@
 # Two sweeps started side by side get disjoint CORES: scripts/sweep.py spreads its runs over the cores it may use.
 set -uo pipefail
 mkdir -p sweeps
-cmd="${1:?mps | start | wait | pack}"; shift
+cmd="${1:?mps | mps-off | start | wait | pack}"; shift
 
 progress() {
     for log in sweeps/*.log; do
@@ -38,6 +39,10 @@ mps)
         echo "mps: off ($(command -v nvidia-cuda-mps-control || echo 'no nvidia-cuda-mps-control'))"
     fi
     ;;
+mps-off)
+    if pgrep -f "scripts/sweep.py" >/dev/null; then echo "a sweep is running: mps stays on" >&2; exit 1; fi
+    echo quit | nvidia-cuda-mps-control 2>/dev/null && echo "mps: off" || echo "mps: was not running"
+    ;;
 start)
     name="${1:?NAME}"; cores="${2:?CORES}"; shift 2
     setsid nohup taskset -c "$cores" python3 scripts/sweep.py "$@" >"sweeps/$name.log" 2>&1 </dev/null &
@@ -59,5 +64,5 @@ pack)
     mv "$dest.tmp" "$dest" && echo "packed $dest ($(du -h "$dest" | cut -f1))"
     ;;
 *)
-    echo "unknown command $cmd: mps | start | wait | pack" >&2; exit 2 ;;
+    echo "unknown command $cmd: mps | mps-off | start | wait | pack" >&2; exit 2 ;;
 esac
