@@ -161,7 +161,11 @@ def test_sleep_past_the_timeout_is_stopped_and_the_shell_stays(box):
 def test_background_processes_are_killed_at_close():
     with Sandbox(SandboxSpec(), SMALL) as b:
         b.run("nohup sleep 3001 >/dev/null 2>&1 & setsid sleep 3002 & (sleep 3003 &) ; echo started")
-        assert "sleep 3001" in b.run("ps aux").output
+        # `nohup` and `setsid` exec their sleep a moment after the shell returns: wait for all three.
+        deadline = time.monotonic() + 5
+        while b.run("ps -eo args").output.count("sleep 300") < 3:
+            assert time.monotonic() < deadline, b.run("ps aux").output
+            time.sleep(0.05)
         assert subprocess.run(["pgrep", "-f", "sleep 300[123]"], capture_output=True).returncode == 0
     assert subprocess.run(["pgrep", "-f", "sleep 300[123]"], capture_output=True).returncode == 1
 
