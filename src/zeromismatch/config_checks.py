@@ -70,3 +70,6 @@ def vllm(cfg) -> None:
                           "or use generator=embedded")
     if cfg.job.name == "rl" and cfg.rl.get("swap_policy", "keep") != "keep":
         raise ConfigError(f"rl.swap_policy={cfg.rl.swap_policy!r}: generator={backend} supports keep only")
+    if cfg.job.name == "rl" and float(cfg.rl.temperature) != 1.0:
+        raise ConfigError(f"rl.temperature={cfg.rl.temperature}: generator={backend} returns raw logprobs, which a "
+                          "loss at temperature != 1 cannot use; set rl.temperature=1.0 or use generator=embedded")

@@ -173,6 +173,21 @@ def test_returned_logprob_is_raw_untempered_unfiltered(kw):
     assert float((filt - lp).abs().min()) > 1e-3, "logprob of the tempered/filtered distribution leaked out"
 
 
+def test_tempered_logprob_is_that_of_the_sampled_temperature_before_filtering():
+    """tempered_logprobs: log softmax(logits / T) of the sampled token, per row (top-k / top-p not applied);
+    greedy rows and rows without the flag stay raw, whatever the other rows of the batch."""
+    logits = torch.randn(8, 32, generator=torch.Generator().manual_seed(12))
+    temps = [0.6, 0.6, 1.7, 0.0, 0.6, 1.0, 0.3, 0.6]
+    params = [SamplingParams(temperature=t, tempered_logprobs=i != 7, top_k=4 * (i == 4)) for i, t in enumerate(temps)]
+    tok, lp = sample(logits, params, [torch.Generator().manual_seed(i) for i in range(8)])
+    for i, (t, p) in enumerate(zip(temps, params)):
+        scale = t if p.tempered_logprobs and t > 0 else 1.0
+        want = torch.log_softmax(logits[i : i + 1] / torch.tensor([[scale]]), -1)[0, tok[i]]
+        assert torch.equal(lp[i], want), i
+        alone = sample(logits[i : i + 1], [p], [torch.Generator().manual_seed(i)])[1]
+        assert torch.equal(alone[0], lp[i])
+
+
 def test_rows_are_independent_of_the_batch():
     """A row's draw depends only on its logits, params and generator: not on the other rows."""
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(11))

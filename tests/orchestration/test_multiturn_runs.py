@@ -22,12 +22,13 @@ from zeromismatch.generator import SamplingParams
 from zeromismatch.jobs import rl as rl_job
 from zeromismatch.model_init import load_model
 from zeromismatch.orchestration import runner
-from zeromismatch.orchestration.build import build_rollout_worker, for_generation
+from zeromismatch.orchestration.build import build_rollout_worker, build_trainer, for_generation
 from zeromismatch.rl.metrics import rollout_metrics
 from zeromismatch.tasks.base import ToolError
 from zeromismatch.tasks.registry import build_task
 from zeromismatch.tasks.toy import ToyTask
 from zeromismatch.tasks.toy_multiturn import ToyMultiTurnTask, tool_output
+from zeromismatch.trainer.trainer import aligned_logprobs
 
 from test_multiturn import VOCAB, make_worker, run_groups, samples_of
 
@@ -138,15 +139,40 @@ def test_tool_error_stops_the_run_on_ray(tmp_path):
         rl_job.main(cfg)
 
 
-def test_async_job_multiturn_bi_step0_exact(tmp_path, built_tasks):
-    """A short async RL job with tool turns in every batch: step-0 gap exactly 0 in bi, ages within N, and the
-    episodes still running when the last step is trained are closed at the end."""
-    out = rl_job.main(cfg_for(tmp_path, "rl.steps=4", "rl.deterministic=false"))
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_async_job_multiturn_bi_step0_exact(tmp_path, built_tasks, temperature):
+    """A short async RL job with tool turns in every batch: step-0 gap exactly 0 in bi (also sampling at 0.6,
+    with tempered logprobs on both sides), ages within N, and the episodes still running when the last step
+    is trained are closed at the end."""
+    out = rl_job.main(cfg_for(tmp_path, "rl.steps=4", "rl.deterministic=false", f"rl.temperature={temperature}"))
     hist = out["history"]
     assert len(hist) == 4 and hist[0]["bit_wise/logprob_diff/abs_mean"] == 0.0
     assert all(h["rollout/turns_mean"] > 1 and h["rollout/tool_tokens_mean"] > 0 for h in hist)
     assert max(h["train_batch/policy_age_max"] for h in hist) <= 1
     assert built_tasks and all(t.live_episodes == 0 for t in built_tasks)
+
+
+def test_rollouts_at_temperature_carry_the_logprobs_the_trainer_scores(tmp_path):
+    """rl.temperature=0.6: the generator's logprobs (tool turns included) are log p under logits / 0.6, the
+    trainer's loss side scores the same, bit for bit; the raw logprobs differ (so neither side is raw)."""
+    cfg = cfg_for(tmp_path, "rl.temperature=0.6")
+    torch.manual_seed(0)
+    model = for_generation(load_model(cfg))
+    task = build_task(cfg, vocab_size=model.config.vocab_size)
+    worker = build_rollout_worker(cfg, model, task, version=0)
+    worker.admit_available()
+    worker.drain()
+    worker.close()
+    samples = [s for g in worker.buffer.untrained_groups() for s in g.samples]
+    assert any(len(s.turns) > 1 for s in samples)
+    trainer = build_trainer(cfg, model)
+    with torch.no_grad():
+        tempered = aligned_logprobs(model, samples, temperature=trainer.logprob_temperature)
+        raw = aligned_logprobs(model, samples)
+    for s, t, r in zip(samples, tempered, raw):
+        m = s.loss_mask.bool()
+        assert torch.equal(t[m], s.gen_logprobs[m])
+        assert not torch.equal(r[m], s.gen_logprobs[m])
 
 
 def test_in_flight_multiturn_groups_are_regenerated_with_their_seeds(tmp_path):

@@ -46,6 +46,21 @@ def test_bitwise_parity_across_schedules(tiny_models, preset, numerics):
 
 
 @pytest.mark.parametrize("numerics", ["bi", "bi_chunk"])
+def test_bitwise_parity_of_tempered_logprobs(tiny_models, numerics):
+    """Sampling at T != 1 with tempered_logprobs (what RL at rl.temperature uses): the generator's log p under
+    logits / T equals the trainer's next_token_logprobs(temperature=T), bit for bit, under every schedule."""
+    model = tiny_models("tiny", numerics)
+    prompts = random_prompts(12, model.config.vocab_size, seed=9, min_len=3, max_len=150)
+    params = [SamplingParams(temperature=0.6, max_new_tokens=6 + (i % 3) * 5, seed=200 + i, tempered_logprobs=True)
+              for i in range(12)]
+    for sched in SCHEDULES:
+        res = run(model, prompts, params, sched)
+        assert_bitwise(res)
+    raw = next_token_logprobs(model, [res.outputs[0].all_tokens])[0][len(prompts[0]) - 1:]
+    assert not torch.equal(raw, res.outputs[0].logprob_tensor), "the logprobs returned are the raw ones"
+
+
+@pytest.mark.parametrize("numerics", ["bi", "bi_chunk"])
 def test_parity_with_prefix_cache_hits(tiny_models, numerics):
     model = tiny_models("tiny", numerics)
     g = torch.Generator().manual_seed(5)

@@ -1,5 +1,7 @@
 """Sampling with per-request seeds. The returned logprob is the RAW (untempered, unfiltered) log p of the
-sampled token, through the same op the trainer uses (ops.logprob.token_logprobs).
+sampled token, through the same op the trainer uses (ops.logprob.token_logprobs); a request with
+``tempered_logprobs`` gets log p under softmax(logits / temperature) instead (still before top-k / top-p), the
+logprob of the distribution it was sampled from, which the RL loss at that temperature compares against.
 
 Two schemes, one per device path of the engine:
 - `sample` (CPU, and the CUDA engine with device_sampling=False): each row draws from its request's
@@ -28,6 +30,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     keep_cache: bool = False  # keep the slot after finishing, so the caller can append tokens and continue
+    tempered_logprobs: bool = False  # logprobs of logits / temperature (greedy rows stay raw)
 
     def __post_init__(self):
         # written as `not (valid)` so that NaN is refused too
@@ -60,7 +63,7 @@ def filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator]):
-    """logits [R, V] fp32 -> (tokens [R] long, raw logprobs [R] fp32)."""
+    """logits [R, V] fp32 -> (tokens [R] long, logprobs [R] fp32: raw, or tempered per request)."""
     tokens = []
     for row, p, g in zip(logits, params, gens):
         if p.temperature == 0:
@@ -69,11 +72,17 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.
             probs = filtered_probs(row, p)
             tokens.append(int(torch.multinomial(probs.cpu(), 1, generator=g)))
     tok = torch.tensor(tokens, device=logits.device)
-    return tok, token_logprobs(logits, tok)
+    return tok, token_logprobs(logits, tok, logprob_temperatures(params))
+
+
+def logprob_temperatures(params: list[SamplingParams]) -> list[float] | None:
+    """The per-row temperatures of the returned logprobs: None when every row is raw (the untouched fast path)."""
+    ts = [p.temperature if p.tempered_logprobs and p.temperature > 0 else 1.0 for p in params]
+    return None if all(t == 1.0 for t in ts) else ts
 
 
 def sample_on_device(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]):
-    """logits [R, V] fp32 -> (tokens [R] long, raw logprobs [R] fp32), on the logits' device. Row r's token is
+    """logits [R, V] fp32 -> (tokens [R] long, logprobs [R] fp32 as in `sample`), on the logits' device. Row r's token is
     Gumbel-max over its filtered logits keyed by (seeds[r], positions[r]). The rows' temperatures and keys go
     to the device in one transfer; top-k / top-p rows get their threshold from device ops, one row at a time."""
     r = len(params)
@@ -86,4 +95,4 @@ def sample_on_device(logits: torch.Tensor, params: list[SamplingParams], seeds: 
         if p.temperature > 0 and (0 < p.top_k < logits.shape[1] or p.top_p < 1.0):
             threshold[i : i + 1] = nucleus_threshold(logits[i].float() / temperature[i], p.top_k, p.top_p)
     tokens = gumbel_argmax(logits, temperature, threshold, k1, k2)
-    return tokens, token_logprobs(logits, tokens)
+    return tokens, token_logprobs(logits, tokens, logprob_temperatures(params))

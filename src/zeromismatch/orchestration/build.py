@@ -40,6 +40,7 @@ def build_trainer(cfg, model) -> Trainer:
         drop_zero_spread=bool(rl.get("drop_uniform_groups", True)),
         staleness_split=bool(rl.get("staleness_split", True)),
         history=int(rl.offpolicy) + 2,
+        logprob_temperature=float(rl.temperature),
     )
 
 
@@ -101,8 +102,9 @@ def build_worker(cfg, engine: Engine, task, buffer, *, prompts_consumed: int = 0
     ``complete(ticket, group)`` for a worker whose groups are admitted elsewhere)."""
     rl = cfg.rl
     limits, per_turn = episode_settings(cfg, task)
+    # tempered logprobs: the loss's old-policy side is the distribution sampled (the trainer's, at rl.temperature)
     params = SamplingParams(temperature=float(rl.temperature), max_new_tokens=per_turn,
-                            stop_token_ids=tuple(task.stop_token_ids))
+                            stop_token_ids=tuple(task.stop_token_ids), tempered_logprobs=True)
     return RolloutWorker(engine, task, buffer, int(rl.samples_per_prompt), params, seed=int(cfg.seed),
                          swap_policy=rl.swap_policy, prompts_consumed=prompts_consumed,
                          limits=limits, env_workers=int(task.env_workers))

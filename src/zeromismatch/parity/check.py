@@ -57,9 +57,9 @@ def generate(model, prompts, params, *, max_slots=8, max_batched_tokens=256, ord
     return [done[i] for i in range(len(prompts))], eng
 
 
-def _compare(model, outputs: list[GenerationOutput]) -> tuple[dict, list[bool]]:
+def _compare(model, outputs: list[GenerationOutput], temperature: float | None = None) -> tuple[dict, list[bool]]:
     with torch.no_grad():
-        lps = next_token_logprobs(model, [o.all_tokens for o in outputs])
+        lps = next_token_logprobs(model, [o.all_tokens for o in outputs], temperature=temperature)
     diffs, equal = [], []
     for o, lp in zip(outputs, lps):
         p = len(o.prompt_ids)
@@ -103,9 +103,14 @@ class ParityCheck:
 
 def check_parity(model, prompts: list[list[int]], params: list[SamplingParams], **generate_kw) -> ParityCheck:
     """Generate ``prompts`` (``generate``'s schedule knobs: max_slots, max_batched_tokens, order, arrivals,
-    prefix_caching), rescore with the trainer's packed forward, compare."""
+    prefix_caching), rescore with the trainer's packed forward, compare. Requests with tempered_logprobs are
+    rescored at their temperature (one for the whole check, as in an RL run)."""
+    temps = {p.temperature if p.tempered_logprobs and p.temperature > 0 else 1.0 for p in params}
+    if len(temps) > 1:
+        raise ValueError(f"logprobs at several temperatures {sorted(temps)}: the trainer side scores at one")
+    t = temps.pop() if temps else 1.0
     outputs, engine = generate(model, prompts, params, **generate_kw)
-    stats, equal = _compare(model, outputs)
+    stats, equal = _compare(model, outputs, None if t == 1.0 else t)
     return ParityCheck(outputs, engine, stats, equal)
 
 

@@ -69,7 +69,8 @@ class Sample:
     token_ids:    full sequence: prompt + generated tokens + tool/observation tokens, int64.
     loss_mask:    int64 0/1 per token; 1 = generated token trained on, 0 = prompt/tool tokens.
                   Generated tokens may also be 0 (e.g. an overlong response masked out).
-    gen_logprobs: float32 per token, the generator's raw (untempered) logprob of that token.
+    gen_logprobs: float32 per token, the generator's logprob of that token: raw (untempered) at rl.temperature 1,
+                  else of logits / rl.temperature (the distribution sampled; ops/logprob.py).
                   NaN/-inf mark tokens the generator could not score; losses and metrics drop them.
     gen_version:  int64 per token: weight version that produced the token. After a hot swap a
                   sequence mixes versions (the KV/state cache is kept and decoding continues).

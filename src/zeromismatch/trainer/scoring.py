@@ -18,15 +18,17 @@ def pack(sequences: list[list[int]], device=None) -> tuple[torch.Tensor, list[in
     return ids, cu
 
 
-def next_token_logprobs(model, sequences: list[list[int]], tap=None) -> list[torch.Tensor]:
+def next_token_logprobs(model, sequences: list[list[int]], tap=None, temperature: float | None = None) -> list[torch.Tensor]:
     """For each sequence s (length L) the fp32 tensor [L-1]: log p(s[j+1] | s[:j+1]) under `model`, from one
-    packed varlen forward (no padding between documents, no state crossing them)."""
+    packed varlen forward (no padding between documents, no state crossing them). ``temperature``: None for raw
+    logprobs, else those of logits / temperature (ops/logprob.py; what the generator returns for requests with
+    SamplingParams.tempered_logprobs)."""
     device = next(model.parameters()).device
     ids, cu = pack(sequences, device)
     # rows whose next token exists: every position but each sequence's last
     rows = torch.cat([torch.arange(cu[i], cu[i + 1] - 1, device=device) for i in range(len(sequences))])
     logits = model(ids, cu, logits_rows=rows, tap=tap)
-    lp = token_logprobs(logits, ids[rows + 1])
+    lp = token_logprobs(logits, ids[rows + 1], temperature)
     out, o = [], 0
     for i in range(len(sequences)):
         n = cu[i + 1] - cu[i] - 1

@@ -32,9 +32,9 @@ from .distributed import all_gather_objects, clip_grad_norm_, dp_rank_world, ful
 from .scoring import next_token_logprobs
 
 
-def aligned_logprobs(model, samples: list[Sample], tap=None) -> list[torch.Tensor]:
+def aligned_logprobs(model, samples: list[Sample], tap=None, temperature: float | None = None) -> list[torch.Tensor]:
     """Trainer logprobs aligned with each sample's token_ids (entry 0, which has no context, is NaN)."""
-    lps = next_token_logprobs(model, [s.token_ids.tolist() for s in samples], tap=tap)
+    lps = next_token_logprobs(model, [s.token_ids.tolist() for s in samples], tap=tap, temperature=temperature)
     return [torch.cat([lp.new_full((1,), float("nan")), lp]) for lp in lps]
 
 
@@ -55,8 +55,12 @@ class Trainer:
         history: int = 5,
         version: int = 0,
         exact_grad_norm: bool = True,
+        logprob_temperature: float = 1.0,
     ):
         self.model = model
+        # the rollouts' sampling temperature: the loss (and the mismatch metrics) use logprobs of logits / T,
+        # the distribution the tokens were drawn from, as the generator returns them (ops/logprob.py); 1 = raw
+        self.logprob_temperature = None if logprob_temperature == 1.0 else float(logprob_temperature)
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self.grad_clip = grad_clip
         self.exact_grad_norm = exact_grad_norm  # FSDP only: gather grads for a bitwise single-process norm
@@ -108,7 +112,7 @@ class Trainer:
                 self._noop_microbatch(samples, world, backward=True)  # keeps FSDP collectives aligned
                 continue
             mb = local_mbs[j]
-            lps = aligned_logprobs(self.model, [samples[i] for i in mb])
+            lps = aligned_logprobs(self.model, [samples[i] for i in mb], temperature=self.logprob_temperature)
             adv = torch.cat([sample_adv[i].expand(samples[i].token_ids.numel()) for i in mb])
             loss, stats = policy_loss(
                 torch.cat(lps),
@@ -195,7 +199,8 @@ class Trainer:
                     self._noop_microbatch(samples, world, backward=False)
                     continue
                 mb = local_mbs[j]
-                for i, lp in zip(mb, aligned_logprobs(self.model, [samples[i] for i in mb])):
+                lps = aligned_logprobs(self.model, [samples[i] for i in mb], temperature=self.logprob_temperature)
+                for i, lp in zip(mb, lps):
                     out[i] = lp
             return gather_cat(self._local_cat(out, local_mbs)) if world > 1 else torch.cat(out)
         finally:

@@ -203,6 +203,9 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         p = req.params
+        if p.tempered_logprobs and p.temperature not in (0.0, 1.0):
+            raise ValueError(f"tempered_logprobs at temperature {p.temperature}: this backend returns raw logprobs "
+                             "(logprobs_mode=raw_logprobs); use temperature 1.0 or the embedded engine")
         seed = (p.seed if p.seed is not None else req.rid) + 1_000_003 * req.turn
         vp = VLLMParams(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or 0, max_tokens=p.max_new_tokens,
                         stop_token_ids=list(p.stop_token_ids), ignore_eos=True, seed=seed, logprobs=0,
