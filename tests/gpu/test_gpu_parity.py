@@ -14,11 +14,13 @@ from zeromismatch.trainer.scoring import next_token_logprobs
 pytestmark = pytest.mark.gpu
 
 
-def gpu_parity(preset, mode, n_prompts=8, **overrides):
-    """check_parity for a bf16 model of `preset` (config fields overridden by `overrides`) on cuda."""
+def gpu_parity(preset, mode, n_prompts=8, temperature=1.0, **overrides):
+    """check_parity for a bf16 model of `preset` (config fields overridden by `overrides`) on cuda; at a
+    ``temperature`` other than 1 with tempered logprobs (what RL at that temperature compares)."""
     model = build_model(preset, mode, seed=1, **overrides).to(device="cuda", dtype=torch.bfloat16)
     prompts = random_prompts(n_prompts, model.config.vocab_size, seed=0, min_len=3, max_len=149)
-    params = [SamplingParams(max_new_tokens=10 + 9 * i % 40, seed=i) for i in range(n_prompts)]
+    params = [SamplingParams(temperature=temperature, max_new_tokens=10 + 9 * i % 40, seed=i,
+                             tempered_logprobs=temperature != 1.0) for i in range(n_prompts)]
     return model, check_parity(model, prompts, params, max_slots=4, max_batched_tokens=128)
 
 
@@ -30,6 +32,12 @@ def gpu_parity_stats(preset, mode, n_prompts=8, **overrides):
 @pytest.mark.parametrize("preset", ["tiny", "tiny_moe"])
 def test_gpu_parity_bitwise(preset, mode):
     assert gpu_parity_stats(preset, mode)["max_abs_diff"] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["bi", "bi_chunk"])
+def test_gpu_parity_bitwise_tempered(mode):
+    """Sampling at 0.6 on the device sampler, logprobs of logits / 0.6 on both sides: still bitwise."""
+    assert gpu_parity_stats("tiny", mode, temperature=0.6)["max_abs_diff"] == 0.0
 
 
 @pytest.mark.big
