@@ -163,8 +163,10 @@ def test_what_this_machine_cannot_run():
     if importlib.util.find_spec("vllm") is None:
         assert _error("generator=vllm") == ("generator=vllm needs vLLM: pip install -e '.[vllm]' (or "
                                             "scripts/install_vllm.sh), or use generator=embedded")
-    else:
-        assert _error("generator=vllm", "rl.swap_policy=recompute") == "rl.swap_policy='recompute': generator=vllm supports keep only"
+    assert _error("generator=vllm", "rl.swap_policy=recompute") == "rl.swap_policy='recompute': generator=vllm supports keep only"
+    assert _error("generator=vllm", "rl.temperature=0.6") == (
+        "rl.temperature=0.6: generator=vllm returns raw logprobs, which a loss at temperature != 1 cannot use; "
+        "set rl.temperature=1.0 or use generator=embedded")
     check_config(_compose("task=search"), cuda_available=False)
     assert _error("task=search", "task.source=files", "task.files.train=/x.parquet", "task.files.eval=/y.parquet") == (
         "task.files.corpus=null and task.retriever.url=null: give a corpus JSONL to serve or a running retriever's URL "

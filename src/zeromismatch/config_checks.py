@@ -65,11 +65,11 @@ def agent(task: Any) -> None:
 def vllm(cfg) -> None:
     """generator=vllm / vllm_native: vLLM installed, one process, the CPU build's device."""
     backend = cfg.generator.backend
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"generator={backend} needs vLLM: pip install -e '.[vllm]' (or scripts/install_vllm.sh), "
-                          "or use generator=embedded")
     if cfg.job.name == "rl" and cfg.rl.get("swap_policy", "keep") != "keep":
         raise ConfigError(f"rl.swap_policy={cfg.rl.swap_policy!r}: generator={backend} supports keep only")
     if cfg.job.name == "rl" and float(cfg.rl.temperature) != 1.0:
         raise ConfigError(f"rl.temperature={cfg.rl.temperature}: generator={backend} returns raw logprobs, which a "
                           "loss at temperature != 1 cannot use; set rl.temperature=1.0 or use generator=embedded")
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"generator={backend} needs vLLM: pip install -e '.[vllm]' (or scripts/install_vllm.sh), "
+                          "or use generator=embedded")

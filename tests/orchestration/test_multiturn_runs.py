@@ -100,6 +100,13 @@ def cfg_for(tmp_path, *overrides):
             "logging.wandb.mode=disabled", f"logging.run_dir={tmp_path / 'run'}", *overrides])
 
 
+def model_and_task(cfg):
+    """The run's generation model (seeded init) and its task, as the runner builds them."""
+    torch.manual_seed(0)
+    model = for_generation(load_model(cfg))
+    return model, build_task(cfg, vocab_size=model.config.vocab_size)
+
+
 @pytest.fixture(autouse=True)
 def _restore_threads():
     n = torch.get_num_threads()
@@ -156,9 +163,7 @@ def test_rollouts_at_temperature_carry_the_logprobs_the_trainer_scores(tmp_path)
     """rl.temperature=0.6: the generator's logprobs (tool turns included) are log p under logits / 0.6, the
     trainer's loss side scores the same, bit for bit; the raw logprobs differ (so neither side is raw)."""
     cfg = cfg_for(tmp_path, "rl.temperature=0.6")
-    torch.manual_seed(0)
-    model = for_generation(load_model(cfg))
-    task = build_task(cfg, vocab_size=model.config.vocab_size)
+    model, task = model_and_task(cfg)
     worker = build_rollout_worker(cfg, model, task, version=0)
     worker.admit_available()
     worker.drain()
@@ -177,9 +182,7 @@ def test_rollouts_at_temperature_carry_the_logprobs_the_trainer_scores(tmp_path)
 
 def test_in_flight_multiturn_groups_are_regenerated_with_their_seeds(tmp_path):
     cfg = cfg_for(tmp_path)
-    torch.manual_seed(0)
-    model = for_generation(load_model(cfg))
-    task = build_task(cfg, vocab_size=model.config.vocab_size)
+    model, task = model_and_task(cfg)
 
     def complete(worker) -> dict:
         worker.drain()
