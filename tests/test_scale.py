@@ -1,5 +1,5 @@
 """+scale=small (conf/scale/small.yaml): every math experiment at the ~29M qwen3_5_small preset on one GPU (and
-+scale=small_search every search experiment), the published recipe values kept where the scale does not change them, and a command line that gives +scale before
++scale=small_search every search experiment, +scale=small_agent every terminal-agent one), the published recipe values kept where the scale does not change them, and a command line that gives +scale before
 +exp (so that the experiment undoes the scale) stopped with one line."""
 
 from pathlib import Path
@@ -15,8 +15,10 @@ from zeromismatch.models.qwen3_5 import build_model
 CONF = Path(__file__).resolve().parents[1] / "conf"
 MATH_EXPS = sorted(p.stem for p in (CONF / "exp").glob("math_*.yaml"))
 SEARCH_EXPS = sorted(p.stem for p in (CONF / "exp").glob("search_*.yaml"))
+AGENT_EXPS = sorted(p.stem for p in (CONF / "exp").glob("agent_*.yaml"))
 SCALE_OF = {exp: ("small_moe", "qwen3_5_small_moe") if "_moe_" in exp else ("small", "qwen3_5_small") for exp in MATH_EXPS}
 SCALE_OF.update({exp: ("small_search", "qwen3_5_small") for exp in SEARCH_EXPS})
+SCALE_OF.update({exp: ("small_agent", "qwen3_5_small") for exp in AGENT_EXPS})
 
 
 def _compose(*overrides):
@@ -26,8 +28,8 @@ def _compose(*overrides):
     return cfg
 
 
-@pytest.mark.parametrize("exp", MATH_EXPS + SEARCH_EXPS)
-def test_small_scale_of_every_math_and_search_experiment(exp):
+@pytest.mark.parametrize("exp", MATH_EXPS + SEARCH_EXPS + AGENT_EXPS)
+def test_small_scale_of_every_experiment(exp):
     published = _compose(f"+exp={exp}")
     scale, preset = SCALE_OF[exp]
     cfg = _compose(f"+exp={exp}", f"+scale={scale}")
@@ -38,7 +40,7 @@ def test_small_scale_of_every_math_and_search_experiment(exp):
     assert build_model(preset, "stock", seed=0).config.is_moe == published_is_moe(published)
     # what the experiment is about is the experiment's, not the scale's
     for key in ("numerics.name", "rl.offpolicy", "rl.loss", "rl.clip_low", "rl.clip_high", "rl.temperature",
-                "rl.prompts_per_step", "rl.samples_per_prompt", "rl.steps", "rl.eval_every", "rl.adv_std_norm",
+                "rl.prompts_per_step", "rl.samples_per_prompt", "rl.steps", "rl.eval_every", "rl.adv_std_norm", "rl.dppo_delta",
                 "run_name", "task.last_number_fallback"):
         if OmegaConf.select(published, key) is None and key.startswith("task."):
             continue  # a math-only task key
