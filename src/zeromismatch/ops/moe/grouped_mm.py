@@ -3,7 +3,7 @@
 The pairs are grouped by expert (routing.py); offs are the int32 cumulative group ends, as _grouped_mm takes
 them for a 2-D x 3-D product (ragged rows: no padding of the groups is needed, torch >= 2.8). The weights are
 read transposed in place ([E, H, 2I] and [E, I, H] views, column-major in the last two dims, which
-_grouped_mm accepts). bf16 only (its one dtype); other dtypes, or a torch without it, take naive.experts.
+_grouped_mm accepts). bf16 only (its one dtype) and 16-byte row strides; anything else, or a torch without it, takes naive.experts.
 Autograd: _grouped_mm has a derivative in torch (checked on the CPU form vs naive, tests/ops/test_moe.py; on
 CUDA by tests/gpu/test_gpu_moe.py). No host sync.
 """
@@ -18,13 +18,14 @@ from . import naive, routing
 AVAILABLE = hasattr(torch, "_grouped_mm")
 
 
-def supported(x: torch.Tensor) -> bool:
-    return AVAILABLE and x.dtype == torch.bfloat16
+def supported(x: torch.Tensor, down: torch.Tensor) -> bool:
+    """bf16 (its one dtype), H and I multiples of 8: every operand's row stride a multiple of 16 bytes."""
+    return AVAILABLE and x.dtype == down.dtype == torch.bfloat16 and x.shape[1] % 8 == 0 and down.shape[2] % 8 == 0
 
 
 def experts(x, top_w, top_i, gate_up, down):
     """x [N, H], top_w / top_i [N, k], gate_up [E, 2I, H], down [E, H, I] -> [N, H] in x's dtype."""
-    if not supported(x):
+    if not supported(x, down):
         return naive.experts(x, top_w, top_i, gate_up, down)
     n, h = x.shape
     r = routing.route(top_w, top_i, gate_up.shape[0])
