@@ -23,7 +23,9 @@ def test_names_pick_backends_and_default_policies():
     for mode in MODES:
         nx = get_numerics(mode)
         assert type(nx.gdn) is backends[mode]
-        assert nx.describe() == {"name": mode, "gdn": nx.gdn.name, "gemm_policy": "adaptive", "chunk_decode": "chain"}
+        experts = "grouped_mm/cpu_torch" if mode == "stock" else "triton_grouped/cpu_rows"
+        assert nx.describe() == {"name": mode, "gdn": nx.gdn.name, "experts": experts, "gemm_policy": "adaptive",
+                                 "chunk_decode": "chain"}
         assert get_numerics(nx) is nx
 
 
@@ -31,12 +33,14 @@ def test_names_pick_backends_and_default_policies():
 def test_conf_numerics_nodes(mode):
     node = OmegaConf.load(CONF / f"{mode}.yaml")
     nx = get_numerics(node)
-    assert nx.describe() == {"name": mode, "gdn": nx.gdn.name, "gemm_policy": node.gemm_policy, "chunk_decode": node.chunk_decode}
+    assert nx.describe() == {"name": mode, "gdn": nx.gdn.name, "experts": nx.experts.name, "gemm_policy": node.gemm_policy,
+                             "chunk_decode": node.chunk_decode}
 
 
 def test_mapping_sets_policies_and_rejects_unknown():
     nx = get_numerics(OmegaConf.create({"name": "bi_chunk", "gemm_policy": "fixed", "chunk_decode": "dot"}))
-    assert nx.describe() == {"name": "bi_chunk", "gdn": "aligned_chunk", "gemm_policy": "fixed", "chunk_decode": "dot"}
+    assert nx.describe() == {"name": "bi_chunk", "gdn": "aligned_chunk", "experts": "triton_grouped/cpu_rows",
+                             "gemm_policy": "fixed", "chunk_decode": "dot"}
     assert nx.gdn.decode_kernel == "dot"
     for bad in ({"name": "bi", "gemm_policy": "fastest"}, {"name": "bi", "chunk_decode": "x"}, {"name": "bi", "policy": "fixed"},
                 {"name": "nope"}):

@@ -11,8 +11,8 @@ rows read and write the storage's spare slot and spare block only, with token 0 
 op's per-row arithmetic is fixed by the row alone, the attention reads `width` blocks of keys, masks the ones
 past each query and its softmax ignores whole -inf key blocks (ops/attention). The step's ids, positions, slots
 and block tables are copied into the graph's static buffer in one transfer; the logits stay in the graph's
-output buffer until the next replay. Models with routed experts run eagerly (their expert dispatch has
-data-dependent shapes). On a CPU device the same bucketed path runs over the same static buffers without
+output buffer until the next replay. Models with routed experts run eagerly (ops/moe has no host sync, but
+a captured MoE step is not yet verified on a GPU). On a CPU device the same bucketed path runs over the same static buffers without
 capture (tests/generator check the padding there, and under Triton's interpreter the CUDA ops' forms).
 
 The Engine sees `execute(work) -> logits` and `load_weights(state_dict)`.

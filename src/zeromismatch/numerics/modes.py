@@ -12,6 +12,9 @@
 decodes chunk-consistently. Measured cost (README, results/): on the CPU the trainer pays the same as `bi`; on
 the H200 our fp32 chunked kernels are slower than `bi`'s recurrent kernel, so there `bi` is the faster mode.
 
+Routed experts (MoE, ops/moe): stock groups them for torch._grouped_mm on CUDA; bi / bi_chunk run the
+batch-invariant Triton grouped GEMMs on CUDA and per-group invariant GEMMs on the CPU.
+
 Every invariant op dispatches by device itself (ops/device.py): the plain-torch CPU form, or the Triton form on
 CUDA. Two kernel policies come from conf/numerics and travel in the Numerics object (`describe()` lists them):
 - gemm_policy (ops/linear/triton.py): the CUDA GEMM's tile policy, fixed | adaptive | hybrid
@@ -30,6 +33,7 @@ import torch.nn.functional as F
 
 from ..ops import activations
 from ..ops import linear as invariant_linear
+from ..ops import moe
 from ..ops.attention import blocked_attention, sdpa_attention
 from ..ops.gdn import CHUNK_DECODE_KERNELS, DEFAULT_CHUNK_DECODE, AlignedChunkGDN, ChunkGDN, GDNBackend, RecurrentGDN
 from ..ops.linear import DEFAULT_GEMM_POLICY, GEMM_POLICIES
@@ -47,12 +51,15 @@ class Numerics:
     sigmoid: Callable[[torch.Tensor], torch.Tensor]
     softplus: Callable[[torch.Tensor], torch.Tensor]
     attention: Callable[..., torch.Tensor]
+    # routed experts (x, top_w, top_i, gate_up, down) -> [N, H]; ops/moe (a `.name` attribute for describe())
+    experts: Callable[..., torch.Tensor] = moe.stock
     gemm_policy: str = DEFAULT_GEMM_POLICY
     chunk_decode: str = DEFAULT_CHUNK_DECODE
 
     def describe(self) -> dict[str, str]:
         """The mode and its kernel policies, as plain values (for run logs and results JSON)."""
-        return {"name": self.name, "gdn": self.gdn.name, "gemm_policy": self.gemm_policy, "chunk_decode": self.chunk_decode}
+        return {"name": self.name, "gdn": self.gdn.name, "experts": self.experts.name, "gemm_policy": self.gemm_policy,
+                "chunk_decode": self.chunk_decode}
 
 
 def get_numerics(spec: str | Numerics | Mapping[str, Any] = "stock") -> Numerics:
@@ -88,6 +95,7 @@ def get_numerics(spec: str | Numerics | Mapping[str, Any] = "stock") -> Numerics
             activations.sigmoid,
             activations.softplus,
             partial(blocked_attention, matmul=invariant_linear.bmm),
+            moe.invariant,
             **policies,
         )
     raise ValueError(f"numerics must be one of {MODES}, got {name!r}")

@@ -9,6 +9,7 @@ imported lazily (CPU machines have no triton) and are tested against the torch f
 - conv.py        causal depthwise conv: one implementation for the full sequence and the one-token step
 - gdn/           gated delta rule: the reference forms, one backend per GDN form, the Triton kernels
 - attention/     causal GQA attention: a batch-invariant blocked form and the stock SDPA form
+- moe/           routed experts: grouped by expert, Triton grouped GEMMs (invariant) or torch._grouped_mm (stock)
 - logprob.py     the one token-logprob op shared by trainer and generator
 - gumbel.py      the generator's device sampler: counter-based hash noise keyed by (seed, position), Gumbel-max
 """
