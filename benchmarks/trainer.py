@@ -1,0 +1,110 @@
+"""Trainer step per numerics mode -> $OUT/h200_trainer.json (+ .png): forward + backward of the trainer's loss
+input (packed varlen forward, fp32 lm_head, next-token logprobs: trainer/scoring.py) over 8 sequences of
+4096 tokens in bf16, one sequence per microbatch with gradients accumulated, as the trainer packs them. For
+qwen3_5_mid and a 9B-shaped model (Qwen3.5-9B's width, --layers_9b of its layers, random weights). Reports
+step ms (median of --reps after one warmup step), its forward / backward split, tokens/s, model FLOPs
+utilization (6 x parameters x tokens, embeddings excluded, lm_head included, against --peak_tflops: the
+measured bf16 matmul rate) and peak GPU memory. The optimizer step is not timed (AdamW: one pass over the
+parameters, the same in every mode)."""
+
+import statistics
+
+import torch
+from common import DEV, log, parse_args, write_json
+from generator import build
+
+MODES = ("stock", "bi", "bi_chunk")
+
+
+def extra_args(ap):
+    ap.add_argument("--models", default="qwen3_5_mid,qwen3_5_9b_shaped")
+    ap.add_argument("--layers_9b", type=int, default=8)
+    ap.add_argument("--seqs", type=int, default=8)
+    ap.add_argument("--seq_len", type=int, default=4096)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--peak_tflops", type=float, default=759.0)
+
+
+def step(model, seqs: list[torch.Tensor]) -> tuple[float, float]:
+    """One accumulated forward + backward over the microbatches; (forward ms, backward ms) by CUDA events."""
+    from zeromismatch.trainer.scoring import next_token_logprobs
+
+    fwd = bwd = 0.0
+    for ids in seqs:
+        e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        e[0].record()
+        lp = next_token_logprobs(model, [ids])[0]
+        loss = -lp.mean()
+        e[1].record()
+        loss.backward()
+        e[2].record()
+        torch.cuda.synchronize()
+        fwd, bwd = fwd + e[0].elapsed_time(e[1]), bwd + e[1].elapsed_time(e[2])
+    return fwd, bwd
+
+
+def measure(model, seqs, reps: int, flops: float, peak: float) -> dict:
+    model.zero_grad(set_to_none=True)
+    torch.cuda.reset_peak_memory_stats()
+    step(model, seqs)  # warmup: Triton compiles, autotuning, allocator
+    times = []
+    for _ in range(reps):
+        model.zero_grad(set_to_none=True)
+        times.append(step(model, seqs))
+    f, b = statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+    ms = statistics.median(t[0] + t[1] for t in times)
+    tokens = sum(len(s) for s in seqs)
+    return {"step_ms": ms, "fwd_ms": f, "bwd_ms": b, "tokens_per_s": tokens / ms * 1e3,
+            "mfu": flops / (ms * 1e-3) / (peak * 1e12), "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9,
+            "reps_ms": [t[0] + t[1] for t in times]}
+
+
+def plot(res: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = [m for m in res if isinstance(res[m], dict) and "stock" in res[m]]
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.6), squeeze=False)
+    for ax, m in zip(axes[0], models):
+        modes = [k for k in MODES if k in res[m]]
+        ax.bar(modes, [res[m][k]["mfu"] * 100 for k in modes], color=["#777", "#1f77b4", "#2ca02c"][: len(modes)])
+        for i, k in enumerate(modes):
+            ax.text(i, res[m][k]["mfu"] * 100, f"{res[m][k]['step_ms']:.0f} ms", ha="center", va="bottom")
+        ax.set_title(f"{m} ({res[m]['params'] / 1e9:.2f}B, {res[m]['tokens']} tokens)")
+        ax.set_ylabel("MFU % (fwd + bwd)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    args = parse_args(__doc__, extra_args)
+    res = {"setup": {k: getattr(args, k) for k in ("seqs", "seq_len", "reps", "layers_9b", "peak_tflops")}}
+    for name in args.models.split(","):
+        model = build(name, args.layers_9b).train()
+        for p in model.parameters():
+            p.requires_grad_(True)
+        n = sum(p.numel() for pn, p in model.named_parameters() if "embed_tokens" not in pn)
+        g = torch.Generator(device=DEV).manual_seed(0)
+        seqs = [torch.randint(0, model.config.vocab_size, (args.seq_len,), device=DEV, generator=g).tolist()
+                for _ in range(args.seqs)]
+        tokens = args.seqs * (args.seq_len - 1)
+        res[name] = {"params": n, "tokens": args.seqs * args.seq_len, "model_tflop": 6 * n * tokens / 1e12}
+        for mode in MODES:
+            model.set_numerics(mode)
+            res[name][mode] = measure(model, seqs, args.reps, 6 * n * tokens, args.peak_tflops)
+            res[name][mode]["vs_stock"] = res[name][mode]["step_ms"] / res[name]["stock"]["step_ms"]
+            log(name, mode, {k: round(v, 3) for k, v in res[name][mode].items() if isinstance(v, float)})
+            write_json(args, "h200_trainer", res)
+        del model
+        torch.cuda.empty_cache()
+    log("wrote", write_json(args, "h200_trainer", res))
+    try:
+        plot(res, f"{args.out}/h200_trainer.png")
+    except ImportError as e:
+        log("no figure:", e)
+
+
+if __name__ == "__main__":
+    main()
