@@ -4,7 +4,8 @@
 # fits one 10-minute device call; every JSON is written as its sections finish.
 #   bash benchmarks/run_h200.sh COMMIT        (the device copy of the tree may have no .git: pass the commit)
 # Writes to $OUT: log.txt, pytest_gpu.txt, parity_presets.json, parity_sweep.json, gdn.json, gemm.json,
-# model_forward.json, moe.json, h200_generator.json + .png (the generator's decode vs its memory floor: benchmarks/generator.py,
+# model_forward.json, moe.json, h200_trainer.json + .png (WITH_TRAINER=1: benchmarks/trainer.py, over 4 minutes:
+# qwen3_5_mid alone took 220 s), h200_generator.json + .png (the generator's decode vs its memory floor: benchmarks/generator.py,
 # ~5 minutes alone: run it in its own device call when the rest takes the 10 minutes).
 set -o pipefail
 OUT="${OUT:-results/gpu/latest}"
@@ -33,5 +34,6 @@ step 50 gdn python benchmarks/gdn.py --out "$OUT" --commit "$COMMIT"
 step 50 gemm python benchmarks/gemm.py --out "$OUT" --commit "$COMMIT"
 step 40 model python benchmarks/model.py --out "$OUT" --commit "$COMMIT"
 step 90 moe python benchmarks/moe.py --out "$OUT" --commit "$COMMIT"
+[ -n "$WITH_TRAINER" ] && step 300 trainer python benchmarks/trainer.py --out "$OUT" --commit "$COMMIT"
 [ -n "$WITH_GENERATOR" ] && step 330 generator python benchmarks/generator.py --out "$OUT" --commit "$COMMIT"
 echo "== done in ${SECONDS}s" | tee -a "$log"

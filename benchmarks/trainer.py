@@ -1,6 +1,7 @@
 """Trainer step per numerics mode -> $OUT/h200_trainer.json (+ .png): forward + backward of the trainer's loss
 input (packed varlen forward, fp32 lm_head, next-token logprobs: trainer/scoring.py) over 8 sequences of
-4096 tokens in bf16, one sequence per microbatch with gradients accumulated, as the trainer packs them. For
+4096 tokens in bf16, --microbatch_seqs sequences per packed microbatch (default 1; the trainer's default
+trainer.microbatch_tokens=16384 packs 4 of them), gradients accumulated over the microbatches. For
 qwen3_5_mid and a 9B-shaped model (Qwen3.5-9B's width, --layers_9b of its layers, random weights). Reports
 step ms (median of --reps after one warmup step), its forward / backward split, tokens/s, model FLOPs
 utilization (6 x parameters x tokens, embeddings excluded, lm_head included, against --peak_tflops: the
@@ -21,20 +22,20 @@ def extra_args(ap):
     ap.add_argument("--layers_9b", type=int, default=8)
     ap.add_argument("--seqs", type=int, default=8)
     ap.add_argument("--seq_len", type=int, default=4096)
+    ap.add_argument("--microbatch_seqs", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--peak_tflops", type=float, default=759.0)
 
 
-def step(model, seqs: list[torch.Tensor]) -> tuple[float, float]:
+def step(model, microbatches: list[list[list[int]]]) -> tuple[float, float]:
     """One accumulated forward + backward over the microbatches; (forward ms, backward ms) by CUDA events."""
     from zeromismatch.trainer.scoring import next_token_logprobs
 
     fwd = bwd = 0.0
-    for ids in seqs:
+    for mb in microbatches:
         e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
         e[0].record()
-        lp = next_token_logprobs(model, [ids])[0]
-        loss = -lp.mean()
+        loss = -torch.cat(next_token_logprobs(model, mb)).mean()
         e[1].record()
         loss.backward()
         e[2].record()
@@ -53,7 +54,7 @@ def measure(model, seqs, reps: int, flops: float, peak: float) -> dict:
         times.append(step(model, seqs))
     f, b = statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
     ms = statistics.median(t[0] + t[1] for t in times)
-    tokens = sum(len(s) for s in seqs)
+    tokens = sum(len(s) for mb in seqs for s in mb)
     return {"step_ms": ms, "fwd_ms": f, "bwd_ms": b, "tokens_per_s": tokens / ms * 1e3,
             "mfu": flops / (ms * 1e-3) / (peak * 1e12), "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9,
             "reps_ms": [t[0] + t[1] for t in times]}
@@ -80,7 +81,8 @@ def plot(res: dict, path: str) -> None:
 
 def main():
     args = parse_args(__doc__, extra_args)
-    res = {"setup": {k: getattr(args, k) for k in ("seqs", "seq_len", "reps", "layers_9b", "peak_tflops")}}
+    res = {"setup": {k: getattr(args, k) for k in ("seqs", "seq_len", "microbatch_seqs", "reps", "layers_9b",
+                                                    "peak_tflops")}}
     for name in args.models.split(","):
         model = build(name, args.layers_9b).train()
         for p in model.parameters():
@@ -89,6 +91,7 @@ def main():
         g = torch.Generator(device=DEV).manual_seed(0)
         seqs = [torch.randint(0, model.config.vocab_size, (args.seq_len,), device=DEV, generator=g).tolist()
                 for _ in range(args.seqs)]
+        seqs = [seqs[i : i + args.microbatch_seqs] for i in range(0, len(seqs), args.microbatch_seqs)]
         tokens = args.seqs * (args.seq_len - 1)
         res[name] = {"params": n, "tokens": args.seqs * args.seq_len, "model_tflop": 6 * n * tokens / 1e12}
         for mode in MODES:
