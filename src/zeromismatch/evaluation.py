@@ -26,8 +26,8 @@ __all__ = ["VALIDATION_METRIC", "evaluate", "make_engine"]
 def make_engine(model, prompts: list[list[int]], max_new_tokens: int, cfg_generator: Any = None,
                 max_context_tokens: int | None = None) -> Engine:
     """An Engine for ``prompts``: max_model_len = longest prompt + max_new_tokens, or ``max_context_tokens`` if
-    larger (unless cfg.generator.max_model_len is set), slots min(max_slots, #prompts), other knobs from
-    cfg.generator."""
+    larger (unless cfg.generator.max_model_len is set), one slot per prompt (all decode at once), other knobs
+    from cfg.generator."""
     longest = max((len(p) for p in prompts), default=1)
     default_len = max(longest + max_new_tokens, max_context_tokens or 0)
     max_model_len = int(cfg_get(cfg_generator, "max_model_len", None) or default_len)
