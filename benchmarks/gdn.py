@@ -7,6 +7,9 @@ trainer; K = V = 128 unless named).
   (63 closes the chunk and writes the state) vs the same floor, both decode kernels; the step at K = V = 96
   (padded to 128 for the keys); recomputing the zero-padded open chunk with the chunked forward instead
 - chunk_train: the chunked forward vs the recurrent kernel vs torch's fp32 chunked form (not invariant)
+- chunk_grad: forward + backward of the chunked form the trainer differentiates (ops/gdn/autograd.py
+  chunk_reference) with its scan over chunks as the torch loop vs the Triton kernel pair (scan_triton.py, tf32
+  and ieee), one sequence of 4096 tokens and all 8 packed; the tf32 gradient's relative error against ieee
 """
 
 import torch
@@ -110,10 +113,42 @@ def chunk_train():
     return r
 
 
+def chunk_grad():
+    import zeromismatch.ops.gdn.scan_triton as scan
+    from zeromismatch.ops.gdn.naive import chunk_fwd, chunk_scan
+
+    def fwd_bwd(b, scan_fn):
+        xs = [x.requires_grad_() for x in prepared_inputs(b, HEADS, T_TRAIN, seed=7)]
+        s0 = torch.zeros(b, HEADS, 128, 128, device=DEV)
+        w = torch.randn(b, HEADS, T_TRAIN, 128, device=DEV, generator=torch.Generator(device=DEV).manual_seed(3))
+
+        def run():
+            o = chunk_fwd(*xs, s0, scan=scan_fn)[0]
+            return torch.autograd.grad((o * w).sum(), xs)
+        return run
+
+    r = {}
+    for b in (1, B_TRAIN):
+        r[f"torch_loop_b{b}_ms"] = bench(fwd_bwd(b, chunk_scan), warmup=1, rep=3)
+        for prec in ("tf32", "ieee"):
+            scan.PRECISION = prec
+            r[f"triton_{prec}_b{b}_ms"] = bench(fwd_bwd(b, scan.chunk_scan_triton), warmup=2, rep=10)
+        scan.PRECISION = "tf32"
+        r[f"speedup_tf32_b{b}"] = r[f"torch_loop_b{b}_ms"] / r[f"triton_tf32_b{b}_ms"]
+    grads = {}
+    for prec in ("tf32", "ieee"):
+        scan.PRECISION = prec
+        grads[prec] = fwd_bwd(1, scan.chunk_scan_triton)()
+    scan.PRECISION = "tf32"
+    r["tf32_grad_rel_err"] = max(float((a - b).norm() / b.norm()) for a, b in zip(grads["tf32"], grads["ieee"]))
+    return r
+
+
 def main():
     args = parse_args(__doc__)
     res = {}
-    for name, fn in (("recurrent", recurrent), ("chunk_decode", chunk_decode), ("chunk_train", chunk_train)):
+    for name, fn in (("recurrent", recurrent), ("chunk_decode", chunk_decode), ("chunk_train", chunk_train),
+                     ("chunk_grad", chunk_grad)):
         log("gdn", name)
         res[name] = fn()
         write_json(args, "gdn", res)

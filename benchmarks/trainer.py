@@ -8,6 +8,7 @@ utilization (6 x parameters x tokens, embeddings excluded, lm_head included, aga
 measured bf16 matmul rate) and peak GPU memory. The optimizer step is not timed (AdamW: one pass over the
 parameters, the same in every mode)."""
 
+import contextlib
 import statistics
 
 import torch
@@ -25,6 +26,28 @@ def extra_args(ap):
     ap.add_argument("--microbatch_seqs", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--peak_tflops", type=float, default=759.0)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--torch_scan", action="store_true",
+                    help="also time stock with the GDN scan over chunks as the torch loop (ops/gdn/naive.py "
+                         "chunk_scan) instead of the Triton kernels: 'stock_torch_scan'")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile one microbatch per mode on the first model -> h200_trainer_profile.txt")
+
+
+@contextlib.contextmanager
+def torch_scan(on: bool):
+    """The trainer's GDN scan over chunks as naive.chunk_scan (the torch loop) while on: the baseline the
+    Triton scan (ops/gdn/scan_triton.py) replaced, timed in the same run."""
+    import zeromismatch.ops.gdn.scan_triton as scan
+    from zeromismatch.ops.gdn.naive import chunk_scan
+
+    kernel = scan.chunk_scan_triton
+    if on:
+        scan.chunk_scan_triton = chunk_scan
+    try:
+        yield
+    finally:
+        scan.chunk_scan_triton = kernel
 
 
 def step(model, microbatches: list[list[list[int]]]) -> tuple[float, float]:
@@ -58,6 +81,20 @@ def measure(model, seqs, reps: int, flops: float, peak: float) -> dict:
     return {"step_ms": ms, "fwd_ms": f, "bwd_ms": b, "tokens_per_s": tokens / ms * 1e3,
             "mfu": flops / (ms * 1e-3) / (peak * 1e12), "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9,
             "reps_ms": [t[0] + t[1] for t in times]}
+
+
+def profile(model, mb, mode: str) -> str:
+    """The top kernels of one microbatch's forward + backward (torch.profiler), and how many kernels ran."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    step(model, [mb])
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step(model, [mb])
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_ms = sum(e.self_device_time_total for e in kernels) / 1e3
+    head = f"== {mode}: {len(kernels)} kernels, {gpu_ms:.1f} ms of GPU kernel time\n"
+    return head + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70)
 
 
 def plot(res: dict, path: str) -> None:
@@ -94,10 +131,16 @@ def main():
         seqs = [seqs[i : i + args.microbatch_seqs] for i in range(0, len(seqs), args.microbatch_seqs)]
         tokens = args.seqs * (args.seq_len - 1)
         res[name] = {"params": n, "tokens": args.seqs * args.seq_len, "model_tflop": 6 * n * tokens / 1e12}
-        for mode in MODES:
-            model.set_numerics(mode)
-            res[name][mode] = measure(model, seqs, args.reps, 6 * n * tokens, args.peak_tflops)
-            res[name][mode]["vs_stock"] = res[name][mode]["step_ms"] / res[name]["stock"]["step_ms"]
+        modes = args.modes.split(",") + (["stock_torch_scan"] if args.torch_scan else [])
+        for mode in modes:
+            model.set_numerics(mode.removesuffix("_torch_scan"))
+            with torch_scan(mode.endswith("_torch_scan")):
+                res[name][mode] = measure(model, seqs, args.reps, 6 * n * tokens, args.peak_tflops)
+                if args.profile and name == args.models.split(",")[0] and not mode.endswith("_torch_scan"):
+                    with open(f"{args.out}/h200_trainer_profile.txt", "a") as f:
+                        f.write(profile(model, seqs[0], mode) + "\n")
+            if "stock" in res[name]:
+                res[name][mode]["vs_stock"] = res[name][mode]["step_ms"] / res[name]["stock"]["step_ms"]
             log(name, mode, {k: round(v, 3) for k, v in res[name][mode].items() if isinstance(v, float)})
             write_json(args, "h200_trainer", res)
         del model

@@ -3,7 +3,7 @@ as the chunked form computes it, in chunks aligned to 64-token boundaries from t
 
 | call      | CPU                                              | CUDA                                              |
 |-----------|--------------------------------------------------|---------------------------------------------------|
-| train     | naive.chunk_fwd (torch autograd)                 | chunk_triton forward, chunked torch backward      |
+| train     | naive.chunk_fwd (torch autograd)                 | chunk_triton forward, autograd.chunk_reference bwd|
 | prefill   | naive.chunk_fwd over [open chunk, new tokens]    | chunk_triton over [open chunk's rows, new tokens] |
 |           | from the boundary state                          | from the boundary state                           |
 | decode    | the same (the open chunk recomputed per token)   | chunk_triton's fused decode step (appends a row)  |
@@ -24,7 +24,7 @@ import torch
 
 from ..device import on_gpu
 from ..varlen import SeqLayout
-from .autograd import chunked_backward
+from .autograd import chunk_reference, chunked_backward
 from .base import GDNBackend, GDNHeads, GDNStateView, StateSpec, ssm_spec
 from .constants import CHUNK, CHUNK_DECODE_KERNELS, DEFAULT_CHUNK_DECODE
 from .naive import chunk_fwd, chunk_output, to_chunks
@@ -49,7 +49,7 @@ def chunk_train_triton(q, k, v, g, beta, state):
 
     xs = (q, k, v, g, beta, state)
     if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-        return chunked_backward(lambda *a: chunk_fwd_triton(*a)[0], chunk_output, *xs)
+        return chunked_backward(lambda *a: chunk_fwd_triton(*a)[0], chunk_reference, *xs)
     return chunk_fwd_triton(*xs)[0]
 
 

@@ -1,7 +1,8 @@
 """The one GDN training wrapper: a forward that autograd cannot (or should not) trace, differentiated through
 the chunked torch form.
 
-Used where the forward is not the chunked torch form itself:
+`chunk_reference` is that form as the trainer runs it (its scan over chunks a Triton kernel pair on CUDA,
+scan_triton.py); stock trains through it directly. ChunkedBackward is used where the forward is not that form:
 - `bi` (the published method): the recurrent forward, bitwise the generator's decode arithmetic.
   Backpropagating through the T-step loop would keep T copies of the state.
 - the Triton kernels (recurrent_triton.py, chunk_triton.py): no autograd of their own.
@@ -15,6 +16,9 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+
+from ..device import on_gpu
+from .naive import chunk_fwd, chunk_output, to_chunks
 
 
 class ChunkedBackward(torch.autograd.Function):
@@ -42,3 +46,14 @@ class ChunkedBackward(torch.autograd.Function):
 def chunked_backward(forward: Callable, reference: Callable, *xs: torch.Tensor) -> torch.Tensor:
     """forward(*xs), differentiable through reference(*xs)."""
     return ChunkedBackward.apply(forward, reference, *xs)
+
+
+def chunk_reference(q, k, v, g, beta, state):
+    """naive.chunk_output (same inputs, o [B, HV, T, V]) as the trainer differentiates it: on CUDA the scan over
+    chunks is scan_triton's kernel pair (one launch forward, one backward, instead of ~7 small kernels per chunk
+    each way), on CPU the torch loop."""
+    if not on_gpu(q):
+        return chunk_output(q, k, v, g, beta, state)
+    from .scan_triton import chunk_scan_triton  # lazy: CPU machines have no triton
+
+    return chunk_fwd(*to_chunks(q, k, v, g, beta), state, scan=chunk_scan_triton)[0][:, :, : q.shape[2]]

@@ -3,7 +3,7 @@ for decode rows, as the usual trainer / generator split runs it.
 
 | call                          | CPU and CUDA                                                           |
 |-------------------------------|------------------------------------------------------------------------|
-| train                         | naive.chunk_fwd (torch autograd)                                       |
+| train                         | autograd.chunk_reference (torch autograd; on CUDA its scan in Triton)  |
 | cached, decode rows only      | recurrent.recurrent_cached (torch on CPU, recurrent_triton on CUDA)    |
 | cached, with prefill pieces   | naive.chunk_fwd from the carried ssm; its decode rows naive.recurrent_fwd |
 
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from ..varlen import SeqLayout
+from .autograd import chunk_reference
 from .base import GDNBackend, GDNHeads, GDNStateView
-from .naive import chunk_final_states, chunk_fwd, chunk_output, recurrent_fwd, to_chunks
+from .naive import chunk_final_states, chunk_fwd, recurrent_fwd, to_chunks
 from .recurrent import recurrent_cached
 
 
@@ -30,7 +31,7 @@ class ChunkGDN(GDNBackend):
     def train(self, mixed, g, beta, heads: GDNHeads, layout: SeqLayout) -> torch.Tensor:
         q, k, v, gg, bb = heads.prepare_packed(mixed, g, beta, layout)
         state = q.new_zeros(layout.num_seqs, heads.num_v_heads, heads.k_dim, heads.v_dim)
-        return layout.to_packed(chunk_output(q, k, v, gg, bb, state).transpose(1, 2))
+        return layout.to_packed(chunk_reference(q, k, v, gg, bb, state).transpose(1, 2))
 
     def cached(self, mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDNStateView, layer_idx: int) -> torch.Tensor:
         if layout.decode_only:

@@ -93,10 +93,10 @@ def to_chunks(*xs: torch.Tensor) -> list[torch.Tensor]:
     return [pad_time(x, t + (-t) % CHUNK) for x in xs]
 
 
-def chunk_fwd(q, k, v, g, beta, state):
-    """Chunked form over whole chunks. q, k [B, HV, T, K]; v [B, HV, T, V]; g, beta [B, HV, T] with T a
-    multiple of CHUNK (callers zero-pad: zero rows are inert); state [B, HV, K, V] fp32.
-    Returns (o [B, HV, T, V], states [B, HV, n_chunks + 1, K, V]: the state at every chunk boundary)."""
+def chunk_prep(q, k, v, g, beta):
+    """The chunk-parallel part of the chunked form (no state dependency). Inputs as `chunk_fwd`. Returns, per
+    chunk c (leading dims [B, HV, n]): u0 [C, V], w [C, K], qk [C, C] (causal, decayed), qd = exp(G) q [C, K],
+    kd = exp(G_C - G) k [C, K] and gl = exp(G_C) [] -- what the scan over chunks reads."""
     b, h, t, dk = q.shape
     dv = v.shape[-1]
     assert t % CHUNK == 0, f"chunk_fwd needs T % {CHUNK} == 0, got {t}"
@@ -120,17 +120,32 @@ def chunk_fwd(q, k, v, g, beta, state):
     u0 = torch.linalg.solve_triangular(eye + A, v * beta[..., None], upper=False, unitriangular=True)
     w = torch.linalg.solve_triangular(eye + A, kb * torch.exp(G)[..., None], upper=False, unitriangular=True)
     qk = (q @ k.transpose(-1, -2)) * decay_causal
-    q_dec = q * torch.exp(G)[..., None]
-    k_dec = k * torch.exp(G[..., -1:] - G)[..., None]
-    g_last = torch.exp(G[..., -1])[..., None, None]
+    qd = q * torch.exp(G)[..., None]
+    kd = k * torch.exp(G[..., -1:] - G)[..., None]
+    gl = torch.exp(G[..., -1])
+    return u0, w, qk, qd, kd, gl
 
+
+def chunk_scan(u0, w, qk, qd, kd, gl, state):
+    """The sequential part: per chunk, u = u0 - w S, o = qd S + qk u, S' = gl S + kd^T u, from state [B, HV, K, V].
+    Returns (o [B, HV, n * C, V], states [B, HV, n + 1, K, V])."""
+    b, h, n = gl.shape
     outs, states = [], [state]
     for c in range(n):
         u = u0[:, :, c] - w[:, :, c] @ state
-        outs.append(q_dec[:, :, c] @ state + qk[:, :, c] @ u)
-        state = state * g_last[:, :, c] + k_dec[:, :, c].transpose(-1, -2) @ u
+        outs.append(qd[:, :, c] @ state + qk[:, :, c] @ u)
+        state = state * gl[:, :, c, None, None] + kd[:, :, c].transpose(-1, -2) @ u
         states.append(state)
-    return torch.stack(outs, dim=2).view(b, h, t, dv), torch.stack(states, dim=2)
+    o = torch.stack(outs, dim=2) if outs else u0
+    return o.reshape(b, h, n * CHUNK, u0.shape[-1]), torch.stack(states, dim=2)
+
+
+def chunk_fwd(q, k, v, g, beta, state, scan=chunk_scan):
+    """Chunked form over whole chunks. q, k [B, HV, T, K]; v [B, HV, T, V]; g, beta [B, HV, T] with T a
+    multiple of CHUNK (callers zero-pad: zero rows are inert); state [B, HV, K, V] fp32.
+    Returns (o [B, HV, T, V], states [B, HV, n_chunks + 1, K, V]: the state at every chunk boundary).
+    scan: the sequential part (`chunk_scan`, or the trainer's CUDA kernel with the same contract)."""
+    return scan(*chunk_prep(q, k, v, g, beta), state)
 
 
 def chunk_output(q, k, v, g, beta, state):

@@ -19,10 +19,10 @@ import torch
 
 from ..device import on_gpu
 from ..varlen import SeqLayout, padded_index, to_padded
-from .autograd import chunked_backward
+from .autograd import chunk_reference, chunked_backward
 from .base import GDNBackend, GDNHeads, GDNStateView
 from .constants import CHUNK
-from .naive import chunk_fwd, chunk_output, prepare_qk, recurrent_fwd
+from .naive import prepare_qk, recurrent_fwd
 
 
 def _recurrent_output(q, k, v, g, beta, state):
@@ -31,7 +31,7 @@ def _recurrent_output(q, k, v, g, beta, state):
 
 def recurrent_train(q, k, v, g, beta, state):
     """Inputs as naive.recurrent_fwd (kernel layout). Differentiable: recurrent forward, chunked backward."""
-    return chunked_backward(_recurrent_output, chunk_output, q, k, v, g, beta, state)
+    return chunked_backward(_recurrent_output, chunk_reference, q, k, v, g, beta, state)
 
 
 def chunk_reference_packed(q, k, v, g, beta, cu_seqlens: list[int]):
@@ -42,8 +42,7 @@ def chunk_reference_packed(q, k, v, g, beta, cu_seqlens: list[int]):
     qp, kp = prepare_qk(to_padded(q, index), to_padded(k, index), hv)
     vp, gp, bp = (to_padded(x, index).float().transpose(1, 2).contiguous() for x in (v, g, beta))
     state = qp.new_zeros(len(cu_seqlens) - 1, hv, qp.shape[-1], vp.shape[-1])
-    o, _ = chunk_fwd(qp, kp, vp, gp, bp, state)
-    return o.transpose(1, 2)[valid]
+    return chunk_reference(qp, kp, vp, gp, bp, state).transpose(1, 2)[valid]
 
 
 def recurrent_train_triton(q, k, v, g, beta, cu_seqlens: list[int]):
