@@ -41,13 +41,16 @@ def torch_scan(on: bool):
     import zeromismatch.ops.gdn.scan_triton as scan
     from zeromismatch.ops.gdn.naive import chunk_scan
 
-    kernel = scan.chunk_scan_triton
+    import zeromismatch.ops.gdn.autograd as ag
+
+    kernel, flag = scan.chunk_scan_triton, ag.TRITON_SCAN
+    ag.TRITON_SCAN = True
     if on:
         scan.chunk_scan_triton = chunk_scan
     try:
         yield
     finally:
-        scan.chunk_scan_triton = kernel
+        scan.chunk_scan_triton, ag.TRITON_SCAN = kernel, flag
 
 
 def step(model, microbatches: list[list[list[int]]]) -> tuple[float, float]:

@@ -29,6 +29,7 @@ import triton.language as tl
 PRECISION = "tf32"
 BV = {"fwd": 64, "bwd": 32}  # value block per program
 NUM_WARPS = {"fwd": 4, "bwd": 4}
+NUM_STAGES = 1  # no software pipelining of the chunk loop: at K = 128 three stages need 425 KB of shared memory
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -115,7 +116,7 @@ class _Scan(torch.autograd.Function):
         states = u0.new_empty(bh, n + 1, dk, dv)
         bv = _block(dv, BV["fwd"])
         _scan_fwd_kernel[(dv // bv, bh)](u0, w, qk, qd, kd, gl, s0, o, states, n, K=dk, V=dv, C=c, BV=bv,
-                                         PREC=PRECISION, num_warps=NUM_WARPS["fwd"])
+                                         PREC=PRECISION, num_warps=NUM_WARPS["fwd"], num_stages=NUM_STAGES)
         ctx.save_for_backward(u0, w, qk, qd, kd, gl, states)
         return o, states
 
@@ -136,7 +137,7 @@ class _Scan(torch.autograd.Function):
         dstates = dstates.contiguous() if has_dst else states
         _scan_bwd_kernel[(nv, bh)](u0, w, qk, qd, kd, gl, states, do, dstates, du0, dw, dqk, dqd, dkd, dgl, ds0,
                                    n, bh, K=dk, V=dv, C=c, BV=bv, PREC=PRECISION, HAS_DO=has_do, HAS_DST=has_dst,
-                                   num_warps=NUM_WARPS["bwd"])
+                                   num_warps=NUM_WARPS["bwd"], num_stages=NUM_STAGES)
         return du0, dw.sum(0), dqk.sum(0), dqd.sum(0), dkd.sum(0), dgl.sum(0), ds0
 
 
