@@ -36,21 +36,16 @@ def extra_args(ap):
 
 @contextlib.contextmanager
 def torch_scan(on: bool):
-    """The trainer's GDN scan over chunks as naive.chunk_scan (the torch loop) while on: the baseline the
-    Triton scan (ops/gdn/scan_triton.py) replaced, timed in the same run."""
-    import zeromismatch.ops.gdn.scan_triton as scan
-    from zeromismatch.ops.gdn.naive import chunk_scan
-
+    """The trainer's GDN scan over chunks as the torch loop (naive.chunk_scan) while on, else the Triton scan
+    (ops/gdn/scan_triton.py): autograd.TRITON_SCAN, so both are timed in the same run."""
     import zeromismatch.ops.gdn.autograd as ag
 
-    kernel, flag = scan.chunk_scan_triton, ag.TRITON_SCAN
-    ag.TRITON_SCAN = True
-    if on:
-        scan.chunk_scan_triton = chunk_scan
+    flag = ag.TRITON_SCAN
+    ag.TRITON_SCAN = not on
     try:
         yield
     finally:
-        scan.chunk_scan_triton, ag.TRITON_SCAN = kernel, flag
+        ag.TRITON_SCAN = flag
 
 
 def step(model, microbatches: list[list[list[int]]]) -> tuple[float, float]:
@@ -87,11 +82,11 @@ def measure(model, seqs, reps: int, flops: float, peak: float) -> dict:
 
 
 def profile(model, mb, mode: str) -> str:
-    """The top kernels of one microbatch's forward + backward (torch.profiler), and how many kernels ran."""
+    """The top kernels of one microbatch's forward + backward (torch.profiler), and how many kernels ran; the
+    caller has warmed the mode up (measure)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    step(model, [mb])
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step(model, [mb])
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

@@ -3,7 +3,7 @@ as the chunked form computes it, in chunks aligned to 64-token boundaries from t
 
 | call      | CPU                                              | CUDA                                              |
 |-----------|--------------------------------------------------|---------------------------------------------------|
-| train     | naive.chunk_fwd (torch autograd)                 | chunk_triton forward, autograd.chunk_reference bwd|
+| train     | naive.chunk_fwd (torch autograd)                 | chunk_triton fwd, autograd.chunk_reference bwd    |
 | prefill   | naive.chunk_fwd over [open chunk, new tokens]    | chunk_triton over [open chunk's rows, new tokens] |
 |           | from the boundary state                          | from the boundary state                           |
 | decode    | the same (the open chunk recomputed per token)   | chunk_triton's fused decode step (appends a row)  |

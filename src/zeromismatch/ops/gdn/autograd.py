@@ -1,8 +1,8 @@
 """The one GDN training wrapper: a forward that autograd cannot (or should not) trace, differentiated through
 the chunked torch form.
 
-`chunk_reference` is that form as the trainer runs it (its scan over chunks a Triton kernel pair on CUDA,
-scan_triton.py); stock trains through it directly. ChunkedBackward is used where the forward is not that form:
+`chunk_reference` is that form as the trainer runs it (its scan over chunks a Triton kernel pair on CUDA when
+TRITON_SCAN is on, scan_triton.py); stock trains through it directly. ChunkedBackward is used where the forward is not that form:
 - `bi` (the published method): the recurrent forward, bitwise the generator's decode arithmetic.
   Backpropagating through the T-step loop would keep T copies of the state.
 - the Triton kernels (recurrent_triton.py, chunk_triton.py): no autograd of their own.
@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from ..device import on_gpu
-from .naive import chunk_fwd, chunk_output, to_chunks
+from .naive import chunk_output
 
 
 class ChunkedBackward(torch.autograd.Function):
@@ -48,17 +48,17 @@ def chunked_backward(forward: Callable, reference: Callable, *xs: torch.Tensor) 
     return ChunkedBackward.apply(forward, reference, *xs)
 
 
-# the Triton scan in the trainer: off until tests/gpu/test_gpu_kernels.py::test_gdn_scan_triton_matches_torch_loop
-# passes on the H200 at every head size (its first run there exceeded the shared memory at K = 128)
+# the Triton scan in the trainer: its kernels pass tests/gpu/test_gpu_kernels.py, but tests/gpu's parity and RL
+# tests have not run with it on, so the trainer keeps the torch loop (benchmarks/trainer.py turns it on)
 TRITON_SCAN = False
 
 
 def chunk_reference(q, k, v, g, beta, state):
     """naive.chunk_output (same inputs, o [B, HV, T, V]) as the trainer differentiates it: on CUDA the scan over
     chunks is scan_triton's kernel pair (one launch forward, one backward, instead of ~7 small kernels per chunk
-    each way), on CPU the torch loop."""
+    each way) when TRITON_SCAN is on, else (and on CPU) the torch loop."""
     if not (TRITON_SCAN and on_gpu(q)):
         return chunk_output(q, k, v, g, beta, state)
     from .scan_triton import chunk_scan_triton  # lazy: CPU machines have no triton
 
-    return chunk_fwd(*to_chunks(q, k, v, g, beta), state, scan=chunk_scan_triton)[0][:, :, : q.shape[2]]
+    return chunk_output(q, k, v, g, beta, state, scan=chunk_scan_triton)

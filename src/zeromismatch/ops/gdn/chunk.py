@@ -3,7 +3,7 @@ for decode rows, as the usual trainer / generator split runs it.
 
 | call                          | CPU and CUDA                                                           |
 |-------------------------------|------------------------------------------------------------------------|
-| train                         | autograd.chunk_reference (torch autograd; on CUDA its scan in Triton)  |
+| train                         | autograd.chunk_reference (torch autograd; its scan in Triton if on)    |
 | cached, decode rows only      | recurrent.recurrent_cached (torch on CPU, recurrent_triton on CUDA)    |
 | cached, with prefill pieces   | naive.chunk_fwd from the carried ssm; its decode rows naive.recurrent_fwd |
 

@@ -148,9 +148,9 @@ def chunk_fwd(q, k, v, g, beta, state, scan=chunk_scan):
     return scan(*chunk_prep(q, k, v, g, beta), state)
 
 
-def chunk_output(q, k, v, g, beta, state):
+def chunk_output(q, k, v, g, beta, state, scan=chunk_scan):
     """The chunked form's output for any T (zero-padded to whole chunks, cut back): o [B, HV, T, V]."""
-    return chunk_fwd(*to_chunks(q, k, v, g, beta), state)[0][:, :, : q.shape[2]]
+    return chunk_fwd(*to_chunks(q, k, v, g, beta), state, scan=scan)[0][:, :, : q.shape[2]]
 
 
 def chunk_final_states(q, k, v, g, beta, states, lengths):

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .chunk_triton import padded_k
 
 PRECISION = "tf32"
 BV = {"fwd": 64, "bwd": 32}  # value block per program
@@ -147,7 +148,7 @@ def chunk_scan_triton(u0, w, qk, qd, kd, gl, state):
     exact zeros; autograd cuts the gradients back)."""
     b, h, n, c, dk = w.shape
     dv = u0.shape[-1]
-    kp = max(16, triton.next_power_of_2(dk))
+    kp = padded_k(dk)
     vp = dv + (-dv) % 16
     if kp != dk:
         w, qd, kd = (F.pad(x, (0, kp - dk)) for x in (w, qd, kd))
