@@ -166,7 +166,22 @@ def test_gdn_recurrent_decode_slots():
     assert torch.equal(cache[untouched], snap[untouched])
 
 
-def test_gdn_recurrent_backward_matches_reference():
+@pytest.fixture
+def scan_precision():
+    """Set scan_triton.PRECISION for one test ("ieee": fp32 products, comparable to the torch loop at fp32
+    rounding), restored after."""
+    import zeromismatch.ops.gdn.scan_triton as scan
+
+    old = scan.PRECISION
+    yield lambda p: setattr(scan, "PRECISION", p)
+    scan.PRECISION = old
+
+
+def test_gdn_recurrent_backward_matches_reference(scan_precision):
+    """bi's training op (recurrent Triton forward, gradients through the chunked reference) against the reference
+    differentiated by autograd; the scan at fp32 ("ieee") so that the two agree to fp32 rounding (its tf32
+    accuracy: test_gdn_scan_triton_matches_torch_loop)."""
+    scan_precision("ieee")
     from zeromismatch.ops.gdn.recurrent import chunk_reference_packed, recurrent_train_triton
 
     cu = [0, 70, 75, 200]
@@ -287,7 +302,9 @@ def check_chunk_decode_equals_chunked_forward(variant, dk=128, dv=128, h=4, pref
         assert torch.equal(cache[n][others], t), n
 
 
-def test_gdn_chunk_cuda_grad_matches_reference():
+def test_gdn_chunk_cuda_grad_matches_reference(scan_precision):
+    """bi_chunk's training op against naive.chunk_fwd under autograd; the scan at fp32 as above."""
+    scan_precision("ieee")
     from zeromismatch.ops.gdn.aligned_chunk import chunk_train_triton
     from zeromismatch.ops.gdn.naive import chunk_fwd
 
@@ -331,17 +348,6 @@ def check_decode_kernels_agree(t, dk, dv, n=6, h=4):
     assert torch.equal(oa, ob)
     for k in a:
         assert torch.equal(a[k], b[k]), k
-
-
-@pytest.fixture
-def scan_precision():
-    """Set scan_triton.PRECISION for one test ("ieee": fp32 products, comparable to the torch loop at fp32
-    rounding), restored after."""
-    import zeromismatch.ops.gdn.scan_triton as scan
-
-    old = scan.PRECISION
-    yield lambda p: setattr(scan, "PRECISION", p)
-    scan.PRECISION = old
 
 
 @pytest.mark.parametrize("dk,dv", HEAD_DIMS)

@@ -48,9 +48,10 @@ def chunked_backward(forward: Callable, reference: Callable, *xs: torch.Tensor) 
     return ChunkedBackward.apply(forward, reference, *xs)
 
 
-# the Triton scan in the trainer: its kernels pass tests/gpu/test_gpu_kernels.py, but tests/gpu's parity and RL
-# tests have not run with it on, so the trainer keeps the torch loop (benchmarks/trainer.py turns it on)
-TRITON_SCAN = False
+# the trainer's scan over chunks on CUDA: scan_triton's kernels (tf32 dots, as FLA's chunk kernels use; within
+# 1e-2 relative of the fp32 torch loop, tests/gpu/test_gpu_kernels.py). Off: the torch loop (benchmarks/trainer.py
+# times both in one run)
+TRITON_SCAN = True
 
 
 def chunk_reference(q, k, v, g, beta, state):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as cf
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -126,8 +127,9 @@ def _safe_relpath(rel: str) -> PurePosixPath:
     return p
 
 
+@functools.cache
 def bwrap_available() -> str | None:
-    """None when bwrap runs here, else why not (one line)."""
+    """None when bwrap runs here, else why not (one line). Checked once per process: it launches a bwrap."""
     if shutil.which("bwrap") is None:
         return "bwrap not found: install bubblewrap (apt-get install -y bubblewrap)"
     r = subprocess.run(["bwrap", "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",

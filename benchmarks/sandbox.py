@@ -1,0 +1,107 @@
+"""The terminal agent's environment cost: one sandbox's lifecycle phase by phase, and scripted episodes per second
+through the task's SandboxPool at several concurrencies, as an RL run drives them (env_workers threads).
+
+    PYTHONPATH=src python benchmarks/sandbox.py --out DIR [--episodes 128] [--concurrency 1,2,4,8,16] [--cuda-gb 4]
+
+--cuda-gb N first makes this process look like a generator's: a CUDA context and N GB of device memory, plus
+N GB of touched host memory (forking such a process costs more). Writes DIR/sandbox.json; asserts no time.
+Runs on any machine with bwrap (no GPU needed without --cuda-gb).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from zeromismatch.tasks.agent.offline import offline_agent_splits
+from zeromismatch.tasks.agent.pool import SandboxPool
+from zeromismatch.tasks.agent.sandbox import Sandbox, SandboxLimits, bwrap_available
+
+
+def lifecycle(spec, limits: SandboxLimits, reps: int) -> dict:
+    """Median ms of start (bwrap + the supervisor ready), one command, the verifier, close."""
+    phases: dict[str, list[float]] = {"start": [], "command": [], "verify": [], "close": []}
+    for _ in range(reps):
+        marks = [time.perf_counter()]
+        box = Sandbox(spec.sandbox_spec(), limits)
+        marks.append(time.perf_counter())
+        box.run(spec.solution[0])
+        marks.append(time.perf_counter())
+        box.verify(spec.test_sh, spec.test_files)
+        marks.append(time.perf_counter())
+        box.close()
+        marks.append(time.perf_counter())
+        for name, a, b in zip(phases, marks, marks[1:]):
+            phases[name].append(b - a)
+    return {k: round(1e3 * statistics.median(v), 2) for k, v in phases.items()}
+
+
+def episodes(specs, limits: SandboxLimits, concurrency: int, workers: int) -> dict:
+    """Every spec's scripted solution then the verifier, ``workers`` threads over one pool: episodes/s, reward."""
+    pool = SandboxPool(limits, max_concurrent=concurrency)
+
+    def play(spec) -> float:
+        box = pool.acquire(spec.sandbox_spec())
+        try:
+            for cmd in spec.solution:
+                box.run(cmd)
+            return box.verify(spec.test_sh, spec.test_files)
+        finally:
+            pool.release(box)
+
+    t = time.perf_counter()
+    with cf.ThreadPoolExecutor(workers) as ex:
+        rewards = list(ex.map(play, specs))
+    wall = time.perf_counter() - t
+    return {"concurrency": concurrency, "workers": workers, "episodes": len(specs), "wall_s": round(wall, 3),
+            "episodes_per_s": round(len(specs) / wall, 2), "mean_reward": sum(rewards) / len(rewards),
+            "commands": sum(len(s.solution) for s in specs)}
+
+
+def cuda_ballast(gb: float):
+    import torch
+
+    dev = torch.empty(int(gb * (1 << 30)), dtype=torch.uint8, device="cuda")
+    host = torch.ones(int(gb * (1 << 30)), dtype=torch.uint8)  # touched: page tables a fork copies
+    return dev, host
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--episodes", type=int, default=128)
+    ap.add_argument("--workers", type=int, default=8, help="env_workers threads (task.env_workers)")
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--cuda-gb", type=float, default=0.0)
+    args = ap.parse_args()
+    why = bwrap_available()
+    if why:
+        sys.exit(f"benchmarks/sandbox.py: {why}")
+    ballast = cuda_ballast(args.cuda_gb) if args.cuda_gb else None
+    specs = offline_agent_splits(args.episodes, 1, 0, None)["train"][: args.episodes]
+    limits = SandboxLimits()
+    commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = {"command": " ".join(["python"] + sys.argv), "commit": commit or "unknown",
+           "machine": {"host": platform.node(), "cores": len(os.sched_getaffinity(0)), "kernel": platform.release(),
+                       "python": platform.python_version(), "as_root": os.geteuid() == 0},
+           "cuda_gb": args.cuda_gb, "lifecycle_ms": lifecycle(specs[0], limits, args.reps),
+           "episodes": [episodes(specs, limits, int(c), args.workers) for c in args.concurrency.split(",")]}
+    del ballast
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "sandbox.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
