@@ -22,21 +22,22 @@ import time
 
 from zeromismatch.tasks.agent.offline import offline_agent_splits
 from zeromismatch.tasks.agent.pool import SandboxPool
-from zeromismatch.tasks.agent.sandbox import Sandbox, SandboxLimits, bwrap_available
+from zeromismatch.tasks.agent.sandbox import SandboxLimits, bwrap_available
 
 
 def lifecycle(spec, limits: SandboxLimits, reps: int) -> dict:
     """Median ms of start (bwrap + the supervisor ready), one command, the verifier, close."""
     phases: dict[str, list[float]] = {"start": [], "command": [], "verify": [], "close": []}
+    pool = SandboxPool(limits, max_concurrent=1)  # a slot (and its uid) claimed, as every sandbox of a run
     for _ in range(reps):
         marks = [time.perf_counter()]
-        box = Sandbox(spec.sandbox_spec(), limits)
+        box = pool.acquire(spec.sandbox_spec())
         marks.append(time.perf_counter())
         box.run(spec.solution[0])
         marks.append(time.perf_counter())
         box.verify(spec.test_sh, spec.test_files)
         marks.append(time.perf_counter())
-        box.close()
+        pool.release(box)
         marks.append(time.perf_counter())
         for name, a, b in zip(phases, marks, marks[1:]):
             phases[name].append(b - a)

@@ -64,3 +64,28 @@ def test_small_preset_size(preset):
     model = build_model(preset, "stock", seed=0)
     assert 20e6 < model.num_parameters() < 80e6
     assert model.config.layer_types.count("full_attention") == 2 and model.config.num_hidden_layers == 8
+
+
+@pytest.mark.parametrize("offpolicy", [4, 32])
+def test_window_slots_decode_every_admitted_rollout(offpolicy):
+    """generator.max_slots=window (the small scales): the rollout engine has a slot for every rollout the run-ahead
+    window admits, (offpolicy + 1) x prompts x samples, and steps wide enough to decode them all at once."""
+    from zeromismatch.orchestration.build import build_rollout_engine
+
+    cfg = _compose(f"+exp=math_op{offpolicy}_bi", "+scale=small", "device=cpu", "model.preset=tiny", "trainer.dtype=float32")
+    assert cfg.generator.max_slots == "window"
+    model = build_model("tiny", "bi", seed=0)
+    engine = build_rollout_engine(cfg, model, _Task(), version=0)
+    assert engine.max_slots == (offpolicy + 1) * cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
+    assert engine.max_batched_tokens >= engine.max_slots
+
+
+class _Task:
+    max_turns, max_context_tokens, max_tokens_per_turn = 1, None, None
+
+
+def test_window_slots_need_a_window():
+    from zeromismatch.generator.backends import build_engine
+
+    with pytest.raises(ValueError, match="generator.max_slots=window"):
+        build_engine(build_model("tiny", "bi", seed=0), {"max_slots": "window"}, max_model_len=64)

@@ -234,8 +234,9 @@ RL: Group = {
     "sft_warm_start": BOOL,
 }  # fmt: skip
 
+SLOTS = either(POSITIVE_INT, one_of("window"))  # window: a slot for every rollout the run-ahead window admits
 GENERATOR: dict[str, Group] = {  # conf/generator/<backend>.yaml, by generator.backend
-    "embedded": {"backend": STR, "max_slots": POSITIVE_INT, "max_batched_tokens": POSITIVE_INT,
+    "embedded": {"backend": STR, "max_slots": SLOTS, "max_batched_tokens": POSITIVE_INT,
                  "max_model_len": integer(1, optional=True), "prefix_caching": BOOL},
     "vllm": {"backend": STR, "max_slots": POSITIVE_INT, "max_batched_tokens": POSITIVE_INT,
              "max_model_len": integer(1, optional=True)},

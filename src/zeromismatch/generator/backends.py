@@ -18,10 +18,17 @@ def _get(cfg: Any, key: str, default):
 
 
 def build_engine(model, cfg_generator: Any, *, max_model_len: int, max_slots: int | None = None,
-                 swap_policy: str = "keep", seed: int = 0):
-    """An engine over ``model``'s weights with cfg.generator's knobs (``max_slots`` caps cfg's slots)."""
+                 swap_policy: str = "keep", seed: int = 0, window_rollouts: int | None = None):
+    """An engine over ``model``'s weights with cfg.generator's knobs (``max_slots`` caps cfg's slots).
+    generator.max_slots 'window': a slot for every rollout the run-ahead window admits (``window_rollouts``,
+    (offpolicy + 1) x prompts x samples), so that every admitted group decodes at once, as vLLM does."""
     backend = str(_get(cfg_generator, "backend", "embedded"))
-    slots = int(_get(cfg_generator, "max_slots", 64))
+    slots = _get(cfg_generator, "max_slots", 64)
+    if slots == "window":
+        slots = window_rollouts or max_slots
+        if not slots:
+            raise ValueError("generator.max_slots=window: only an RL run's engine has a window; set a number")
+    slots = int(slots)
     slots = max(1, min(slots, max_slots)) if max_slots else slots
     batched = int(_get(cfg_generator, "max_batched_tokens", 2048))
     if backend == "embedded":

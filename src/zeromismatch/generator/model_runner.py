@@ -29,7 +29,7 @@ from ..ops.varlen import SeqLayout
 from .cache import BLOCK_SIZE, BatchCacheView, CacheStorage
 from .scheduler import Work
 
-GRAPH_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+GRAPH_BATCH_BUCKETS = tuple(2**i for i in range(14))  # 1 .. 8192, then max_slots (captured on first use)
 
 
 def bucket_of(n: int, buckets: tuple[int, ...]) -> int:

@@ -75,7 +75,8 @@ def build_rollout_engine(cfg, model, task, *, version: int):
     rl, gen = cfg.rl, cfg.generator
     limits, per_turn = episode_settings(cfg, task)
     max_prompt = int(rl.get("max_prompt_len", 512))
-    engine = build_engine(model, gen, swap_policy=rl.swap_policy, seed=int(cfg.seed),
+    window = (int(rl.offpolicy) + 1) * int(rl.prompts_per_step) * int(rl.samples_per_prompt)
+    engine = build_engine(model, gen, swap_policy=rl.swap_policy, seed=int(cfg.seed), window_rollouts=window,
                           max_model_len=int(gen.max_model_len or max(max_prompt + per_turn, limits.max_context_tokens or 0)))
     engine.version = version
     return engine
