@@ -197,6 +197,22 @@ def _remove_orphans(base: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def _readable(fd: int, timeout_s: float) -> bool:
+    """poll, not select: a run holds a pipe per live sandbox, and select fails on fds >= 1024."""
+    p = select.poll()
+    p.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(p.poll(max(0, int(timeout_s * 1000))))
+
+
+def _as_uid(uid: int) -> list[str]:
+    """The command prefix that drops to ``uid`` (its own group, no others). setpriv (util-linux) rather than
+    Popen(user=, group=): with those CPython forks instead of vforking, and forking a generator's process (a
+    CUDA context, GBs of host memory) takes ~2.5x as long per sandbox start (benchmarks/sandbox.py --cuda-gb)."""
+    if shutil.which("setpriv") is None:
+        raise ToolError("setpriv not found: install util-linux (apt-get install -y util-linux)")
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+
 def kill_uid(uid: int, rounds: int = 200) -> int:
     """SIGKILL every process whose real uid is ``uid`` until none is left; returns how many were signalled."""
     n = 0
@@ -333,7 +349,7 @@ class Sandbox:
                   "stderr": subprocess.PIPE, "start_new_session": True}
         if self.as_root:
             kill_uid(self.uid)  # a slot's uid runs nothing of an earlier sandbox
-            kwargs |= {"user": self.uid, "group": self.uid, "extra_groups": []}
+            args = _as_uid(self.uid) + args
         try:
             self.proc = _get_launcher().popen(args, **kwargs)
         except OSError as e:
@@ -368,8 +384,7 @@ class Sandbox:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SandboxGone(f"no answer from the sandbox within {timeout:.0f} s")
-            ready, _, _ = select.select([self._res_r], [], [], left)
-            if ready:
+            if _readable(self._res_r, left):
                 data = os.read(self._res_r, 1 << 16)
                 if not data:
                     raise SandboxGone(f"the sandbox's supervisor exited{self._stderr_tail()}")
