@@ -18,7 +18,8 @@ def _get(cfg: Any, key: str, default):
 
 
 def build_engine(model, cfg_generator: Any, *, max_model_len: int, max_slots: int | None = None,
-                 swap_policy: str = "keep", seed: int = 0, window_rollouts: int | None = None):
+                 swap_policy: str = "keep", seed: int = 0, window_rollouts: int | None = None,
+                 cuda_graphs: bool | None = None):
     """An engine over ``model``'s weights with cfg.generator's knobs (``max_slots`` caps cfg's slots).
     generator.max_slots 'window': a slot for every rollout the run-ahead window admits (``window_rollouts``,
     (offpolicy + 1) x prompts x samples), so that every admitted group decodes at once, as vLLM does."""
@@ -33,7 +34,8 @@ def build_engine(model, cfg_generator: Any, *, max_model_len: int, max_slots: in
     batched = int(_get(cfg_generator, "max_batched_tokens", 2048))
     if backend == "embedded":
         return Engine(model, max_slots=slots, max_batched_tokens=batched, max_model_len=max_model_len,
-                      prefix_caching=bool(_get(cfg_generator, "prefix_caching", True)), swap_policy=swap_policy)
+                      prefix_caching=bool(_get(cfg_generator, "prefix_caching", True)), swap_policy=swap_policy,
+                      cuda_graphs=cuda_graphs)
     if backend in ("vllm", "vllm_native"):
         from .vllm_engine.engine import VLLMEngine
 

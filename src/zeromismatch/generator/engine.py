@@ -342,6 +342,13 @@ class Engine:
         if ids and (min(ids) < 0 or max(ids) >= vocab):
             raise ValueError(f"{what} has token ids outside [0, {vocab}): min {min(ids)}, max {max(ids)}")
 
+    def capture_graphs(self) -> None:
+        """Capture every decode graph up front (ModelRunner.capture_all says why); a no-op without CUDA graphs."""
+        if self.cuda_graphs and self.device.type == "cuda":
+            t0 = time.perf_counter()
+            n = self.runner.capture_all()
+            log.info("captured %d decode graphs in %.1f s", n, time.perf_counter() - t0)
+
     def memory_report(self) -> dict[str, int]:
         """What the engine holds on its device, sized from the config: weights, the cache storage (GDN state of
         max_slots slots, num_blocks KV blocks; the spare slot and block of the graph runner included)."""

@@ -125,6 +125,15 @@ class ModelRunner:
         self.stats["graph_steps"] += 1
         return g.logits[:b]
 
+    def capture_all(self) -> int:
+        """Capture every (batch bucket, width) graph now; returns how many were new. An RL run calls it before its
+        threads start: a capture while another thread of the process runs CUDA work (the trainer, an evaluation)
+        failed on the H200 ("Cannot register the state during capturing stage", illegal memory accesses)."""
+        todo = [(bb, w) for bb in self.batch_buckets for w in self.width_buckets if (bb, w) not in self.graphs]
+        for bb, w in todo:
+            self._capture(bb, w)
+        return len(todo)
+
     def _capture(self, bb: int, width: int) -> _DecodeGraph:
         """Capture the decode forward of `bb` rows over `width` blocks of keys. The warm-up and the capture see
         only padding rows (spare slot and block), so no real sequence's cache is touched."""

@@ -79,6 +79,7 @@ def build_rollout_engine(cfg, model, task, *, version: int):
     engine = build_engine(model, gen, swap_policy=rl.swap_policy, seed=int(cfg.seed), window_rollouts=window,
                           max_model_len=int(gen.max_model_len or max(max_prompt + per_turn, limits.max_context_tokens or 0)))
     engine.version = version
+    engine.capture_graphs()  # before the run's threads start
     return engine
 
 
