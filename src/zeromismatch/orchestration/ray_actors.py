@@ -58,7 +58,7 @@ def _start(cfg_dict: dict):
         # Ray lists only the GPUs it gave this actor in CUDA_VISIBLE_DEVICES: the first is cuda:0 here, whatever
         # index the driver's config names
         cfg.device = "cuda:0"
-    torch.set_num_threads(1)  # one intra-op thread per actor; numerics do not depend on the thread count
+    torch.set_num_threads(1)  # one intra-op thread per actor, as the threaded runner (runner.py says why)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     return cfg, initial_model(cfg)

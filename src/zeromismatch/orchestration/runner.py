@@ -42,10 +42,12 @@ def _start(cfg):
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     model = initial_model(cfg)
-    if not cfg.rl.deterministic:
-        # generator and trainer share the cores: one intra-op thread each (oversubscribed OpenMP spins
-        # badly). Numerics do not depend on the thread count (tests/ops), so parity is unaffected.
-        torch.set_num_threads(1)
+    # One intra-op thread, as every Ray actor (ray_actors.py), in every mode: generator and trainer share the
+    # cores (oversubscribed OpenMP spins badly), and the trainer's gradients can depend on the thread count
+    # (torch's CPU GEMMs split a reduction over threads: on an AVX-512 Xeon, 1 and 2 threads differ in the last
+    # bits), so a run's numbers do not depend on the backend or on the machine's cores. The forward ops are
+    # thread-count invariant (tests/ops): the generator/trainer parity never rested on this.
+    torch.set_num_threads(1)
     return model
 
 
