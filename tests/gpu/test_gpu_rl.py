@@ -59,6 +59,8 @@ def check_run(out: dict, mode: str) -> None:
     for h in hist:
         assert torch.isfinite(torch.tensor(h["train/loss"])), h
     assert "validation_reward/_mean" in hist[-1]
+    # the trainer's process reports its GPU memory every step (peak so far, held now)
+    assert all(h["perf/gpu/max_allocated_gib"] > 0 and h["perf/gpu/reserved_gib"] > 0 for h in hist), hist[-1]
     run_dir = Path(out["run_dir"])
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     assert [r["step"] for r in rows if "train/loss" in r] == list(range(STEPS))

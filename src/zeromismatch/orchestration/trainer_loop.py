@@ -13,6 +13,7 @@ import logging
 import time
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from ..evaluation import VALIDATION_METRIC, evaluate
@@ -27,6 +28,17 @@ def validation(model, task, cfg) -> dict:
     """Greedy accuracy on the task's held-out prompts, logged as validation_reward/_mean."""
     r = evaluate(model, task, greedy=True, max_new_tokens=int(cfg.rl.max_new_tokens), cfg_generator=cfg.generator)
     return {VALIDATION_METRIC: r["accuracy"], "validation/n": float(r["n"])}
+
+
+def gpu_memory(model) -> dict:
+    """This process's CUDA memory (GiB) on the trainer's device: the allocator's peak so far and what it holds
+    now (reserved); the generator's engine is in the same process unless it runs on Ray. {} off CUDA."""
+    dev = next(model.parameters()).device
+    if dev.type != "cuda":
+        return {}
+    gib = float(1 << 30)
+    return {"perf/gpu/max_allocated_gib": torch.cuda.max_memory_allocated(dev) / gib,
+            "perf/gpu/reserved_gib": torch.cuda.memory_reserved(dev) / gib}
 
 
 class TrainerLoop:
@@ -63,6 +75,7 @@ class TrainerLoop:
         m["perf/trainer/wait_seconds"] = waited
         m["perf/generator/tokens_per_second"] = (gen_stats or self.generator_stats())["generated_tokens_per_s"]
         m["train/version"] = self.trainer.version
+        m.update(gpu_memory(self.trainer.model))
         if self.eval_every and ((step + 1) % self.eval_every == 0 or step + 1 == self.steps):
             m.update(validation(self.trainer.model, self.task, self.cfg))
         self.logger.log(m, step=step)
