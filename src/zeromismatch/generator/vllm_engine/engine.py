@@ -215,6 +215,9 @@ class VLLMEngine:
         self.running[vid] = req
         self.engine.add_request(vid, {"prompt_token_ids": list(req.context)}, vp)
 
+    def capture_graphs(self) -> None:
+        """The Engine interface's up-front capture: vLLM captures its own CUDA graphs when it starts."""
+
     def has_work(self) -> bool:
         return bool(self.running)
 
