@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .drawing import arm_color, arm_legend, figure_record, new_figure, op_label, save_figure, setting_title, slug
+from .drawing import arm_color, arm_legend, figure_record, new_figure, op_label, save_figure, setting_title, slug, suptitle
 from .runs import Run, arm_sort_key, group_runs
 
 TPS_FULL = "perf/trainer/tokens_per_second_full_step"
@@ -82,7 +82,7 @@ def plot_cost(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figures",
             ax.margins(y=0.2)
         arm_legend(fig, arms, bars=True)
         axes[0, 0].set_ylabel("tokens / s (median over steps)")
-        fig.suptitle(f"Trainer cost — {setting_title(setting)} (ratio vs stock under each value)", fontsize=10)
+        suptitle(fig, f"Trainer cost — {setting_title(setting)} (ratio vs stock under each value)")
         stem = f"cost_{slug(setting[0])}_{slug(setting[1])}"
         files = save_figure(fig, out_dir, stem, formats, dpi)
         members = [r for r in with_key if r.key.setting == setting]

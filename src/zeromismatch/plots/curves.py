@@ -23,6 +23,7 @@ from .drawing import (
     save_figure,
     setting_title,
     slug,
+    suptitle,
 )
 from .runs import Run, arms_of, by_setting, check_metric, config_value, group_runs, offpolicies_of
 from .smoothing import seed_band
@@ -57,7 +58,7 @@ def curve_figure(kind, runs, key, out_dir, *, ema_weight, formats, dpi, ylabel, 
         n_runs = sorted({len(rs) for rs in groups.values()})
         seeds = f"; mean of {'/'.join(map(str, n_runs))} seeds, range shaded" if max(n_runs) > 1 else ""
         smooth = f", EMA {ema_weight:g}" if ema_weight else ""
-        fig.suptitle(f"{title} — {setting_title(setting)}{smooth}{seeds}", fontsize=10)
+        suptitle(fig, f"{title} — {setting_title(setting)}{smooth}{seeds}")
         stem = f"{stem_prefix}_{slug(setting[0])}_{slug(setting[1])}"
         files = save_figure(fig, out_dir, stem, formats, dpi)
         members = [r for rs in groups.values() for r in rs]

@@ -7,6 +7,7 @@ Everything draws on matplotlib.figure.Figure objects (no pyplot state), so it wo
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -53,6 +54,12 @@ def new_figure(ncols: int, nrows: int = 1, *, panel=(4.2, 3.2)):
     fig = Figure(figsize=(max(panel[0] * ncols, 5.0), panel[1] * nrows + 0.4), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex="col")
     return fig, axes
+
+
+def suptitle(fig, text: str, fontsize: float = 10) -> None:
+    """The figure's title, wrapped to its width (a one-panel figure is narrower than most titles)."""
+    chars = int(fig.get_figwidth() * 130 / fontsize)  # ~13 characters an inch at 10 pt
+    fig.suptitle("\n".join(textwrap.wrap(text, chars)), fontsize=fontsize)
 
 
 def save_figure(fig, out_dir: Path, stem: str, formats: Sequence[str], dpi: int = 150) -> list[str]:

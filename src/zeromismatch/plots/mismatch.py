@@ -26,6 +26,7 @@ from .drawing import (
     save_figure,
     setting_title,
     slug,
+    suptitle,
 )
 from .runs import Run, arms_of, by_setting, group_runs, offpolicies_of
 from .smoothing import seed_band
@@ -131,7 +132,7 @@ def plot_mismatch(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figur
             extra = [("precision: t_old − gen", "-"), ("staleness: t_cur − t_old", "--")]
         arm_legend(fig, arms_of(groups), extra)
         smooth = f", EMA {ema_weight:g}" if ema_weight else ""
-        fig.suptitle(f"Logprob mismatch — {setting_title(setting)}{smooth}", fontsize=10)
+        suptitle(fig, f"Logprob mismatch — {setting_title(setting)}{smooth}")
         stem = f"mismatch_{slug(setting[0])}_{slug(setting[1])}"
         files = save_figure(fig, out_dir, stem, formats, dpi)
         records.append(figure_record("mismatch", stem, files, keys, members, ema=ema_weight, zero_floor=floor,
