@@ -91,6 +91,17 @@ def test_bucketed_decode_padding_changes_no_bits(micro_model, mode):
             assert torch.equal(alone.logprob_tensor, other.logprob_tensor), i
 
 
+def test_capture_all_builds_every_bucket_and_width(micro_model):
+    """ModelRunner.capture_all (run before an RL run's threads start; without capture on the CPU): one graph per
+    (batch bucket, block-table width), the engine's slot count the last bucket, none built twice."""
+    engine = Engine(micro_model("bi"), max_slots=6, max_model_len=100, cuda_graphs=True)
+    runner = engine.runner
+    assert runner.batch_buckets == (1, 2, 4, 6)
+    assert runner.capture_all() == len(runner.batch_buckets) * len(runner.width_buckets)
+    assert set(runner.graphs) == {(bb, w) for bb in runner.batch_buckets for w in runner.width_buckets}
+    assert runner.capture_all() == 0
+
+
 def test_batched_chunk_final_states_equals_the_per_row_form():
     """chunk_final_states runs one batched chunked call over every row's last chunk; on CPU its bits equal the
     per-row form it replaced (each row's partial chunk sliced, zero-padded and run alone)."""

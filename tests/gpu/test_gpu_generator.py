@@ -108,6 +108,24 @@ def test_graph_bucket_padding_changes_no_bits(mode):
             assert torch.equal(alone.logprob_tensor, other.logprob_tensor), (mode, i)
 
 
+@pytest.mark.parametrize("mode", ["bi", "bi_chunk"])
+def test_graphs_captured_up_front_capture_nothing_later(mode):
+    """Engine.capture_graphs (what an RL run calls before its threads start) captures every (batch bucket,
+    width) graph; generating afterwards captures none, with the same tokens and logprob bits as lazy capture."""
+    model = _model("tiny", mode)
+    prompts, params = _requests(model.config.vocab_size, 5)
+    upfront = Engine(model, max_slots=8)
+    upfront.capture_graphs()
+    runner = upfront.runner
+    assert set(runner.graphs) == {(bb, w) for bb in runner.batch_buckets for w in runner.width_buckets}
+    captured = runner.stats["captures"]
+    out = upfront.generate(prompts, params)
+    assert runner.stats["captures"] == captured and runner.stats["graph_steps"] > 0
+    lazy = Engine(model, max_slots=8).generate(prompts, params)
+    for a, b in zip(out, lazy):
+        assert a.tokens == b.tokens and torch.equal(a.logprob_tensor, b.logprob_tensor)
+
+
 @pytest.mark.parametrize("graphs", [True, False])
 @pytest.mark.parametrize("mode", ["stock", "bi", "bi_chunk"])
 def test_decode_steps_read_nothing_back(mode, graphs, monkeypatch):
