@@ -31,7 +31,8 @@ def make_engine(model, prompts: list[list[int]], max_new_tokens: int, cfg_genera
     longest = max((len(p) for p in prompts), default=1)
     default_len = max(longest + max_new_tokens, max_context_tokens or 0)
     max_model_len = int(cfg_get(cfg_generator, "max_model_len", None) or default_len)
-    # eager: an evaluation runs beside the rollout engine's thread, and a graph capture must not (ModelRunner.capture_all)
+    # eager: an evaluation runs beside the rollout engine's thread, where a graph capture must not
+    # (ModelRunner.capture_all says why)
     return build_engine(model, cfg_generator, max_model_len=max_model_len, max_slots=len(prompts), cuda_graphs=False)
 
 

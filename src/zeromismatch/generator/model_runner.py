@@ -29,7 +29,8 @@ from ..ops.varlen import SeqLayout
 from .cache import BLOCK_SIZE, BatchCacheView, CacheStorage
 from .scheduler import Work
 
-GRAPH_BATCH_BUCKETS = tuple(2**i for i in range(14))  # 1 .. 8192, then max_slots (captured on first use)
+# 1 .. 8192, then max_slots; a graph is captured on first use, or all of them at once by capture_all
+GRAPH_BATCH_BUCKETS = tuple(2**i for i in range(14))
 
 
 def bucket_of(n: int, buckets: tuple[int, ...]) -> int:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .drawing import arm_color, arm_legend, figure_record, new_figure, op_label, save_figure, setting_title, slug, suptitle
+from .drawing import (arm_color, arm_legend, figure_record, new_figure, op_label, save_figure, setting_title, slug,
+                      suptitle)
 from .runs import Run, arm_sort_key, group_runs
 
 TPS_FULL = "perf/trainer/tokens_per_second_full_step"
