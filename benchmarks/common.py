@@ -43,7 +43,8 @@ def parse_args(description: str, extra=None) -> argparse.Namespace:
     return args
 
 
-def _commit(given: str | None) -> str:
+def git_commit(given: str | None) -> str:
+    """``given`` (--commit), else the tree's HEAD."""
     if given:
         return given
     try:
@@ -72,7 +73,7 @@ def header(args: argparse.Namespace) -> dict:
     p = torch.cuda.get_device_properties(0)
     return {
         "command": " ".join(["python"] + sys.argv),
-        "commit": _commit(args.commit),
+        "commit": git_commit(args.commit),
         "machine": {"gpu": torch.cuda.get_device_name(0), "sm_count": p.multi_processor_count,
                     "nvidia_smi": _nvidia_smi()},
         "versions": {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda},

@@ -16,9 +16,10 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
+
+from common import git_commit
 
 from zeromismatch.tasks.agent.offline import offline_agent_splits
 from zeromismatch.tasks.agent.pool import SandboxPool
@@ -90,8 +91,7 @@ def main() -> None:
     ballast = cuda_ballast(args.cuda_gb) if args.cuda_gb else None
     specs = offline_agent_splits(args.episodes, 1, 0, None)["train"][: args.episodes]
     limits = SandboxLimits()
-    commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = {"command": " ".join(["python"] + sys.argv), "commit": commit or "unknown",
+    out = {"command": " ".join(["python"] + sys.argv), "commit": git_commit(args.commit),
            "machine": {"host": platform.node(), "cores": len(os.sched_getaffinity(0)), "kernel": platform.release(),
                        "python": platform.python_version(), "as_root": os.geteuid() == 0},
            "cuda_gb": args.cuda_gb, "lifecycle_ms": lifecycle(specs[0], limits, args.reps),

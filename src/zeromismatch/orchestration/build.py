@@ -8,7 +8,7 @@ import copy
 from ..generator import SamplingParams
 from ..generator.backends import build_engine
 from ..rl.losses import loss_config
-from ..rl.offpolicy import RunAheadBuffer
+from ..rl.offpolicy import RunAheadBuffer, window_groups
 from ..trainer.trainer import Trainer
 from ..generator.episodes import EpisodeLimits
 from .rollouts import RolloutWorker
@@ -75,7 +75,7 @@ def build_rollout_engine(cfg, model, task, *, version: int):
     rl, gen = cfg.rl, cfg.generator
     limits, per_turn = episode_settings(cfg, task)
     max_prompt = int(rl.get("max_prompt_len", 512))
-    window = (int(rl.offpolicy) + 1) * int(rl.prompts_per_step) * int(rl.samples_per_prompt)
+    window = window_groups(int(rl.offpolicy), int(rl.prompts_per_step)) * int(rl.samples_per_prompt)
     engine = build_engine(model, gen, swap_policy=rl.swap_policy, seed=int(cfg.seed), window_rollouts=window,
                           max_model_len=int(gen.max_model_len or max(max_prompt + per_turn, limits.max_context_tokens or 0)))
     engine.version = version

@@ -46,6 +46,11 @@ from .types import Group
 __all__ = ["age", "keep", "Batch", "RunAheadBuffer"]
 
 
+def window_groups(n: int, prompts_per_step: int) -> int:
+    """How many groups the run-ahead buffer holds at once (admitted, generating or waiting): (N + 1) x P."""
+    return (n + 1) * prompts_per_step
+
+
 def age(group: Group, consumer_version: int) -> int:
     """consumer_version - group.min_admission_version. Negative ages are bookkeeping bugs and raise."""
     a = consumer_version - group.min_admission_version
@@ -113,7 +118,7 @@ class RunAheadBuffer:
         self.order = order
         self.n = n
         self.prompts_per_step = prompts_per_step
-        self.capacity = (n + 1) * prompts_per_step
+        self.capacity = window_groups(n, prompts_per_step)
         self.group_filter = group_filter
         self.generator_version = initial_version  # weights the generator runs now
         self.next_step = initial_version  # the step assemble_batch will build
