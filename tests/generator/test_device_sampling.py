@@ -10,6 +10,7 @@ from gen_helpers import prompts_of
 from test_sampling import CASES, LOGITS, N, assert_matches, reference
 
 from zeromismatch.generator import Engine
+from zeromismatch.generator.cache import BLOCK_SIZE
 from zeromismatch.generator.sampling import SamplingParams, sample_on_device
 from zeromismatch.ops.gdn.constants import CHUNK
 from zeromismatch.ops.gdn.naive import chunk_final_states, chunk_fwd, pad_time, prepare_qk, to_chunks
@@ -123,3 +124,66 @@ def test_batched_chunk_final_states_equals_the_per_row_form():
             sl = slice(c * CHUNK, c * CHUNK + r)
             want = chunk_fwd(*(pad_time(x[i : i + 1, :, sl], CHUNK) for x in padded), want)[1][:, :, 1]
         assert torch.equal(got[i : i + 1], want), i
+
+
+def test_a_one_token_piece_that_samples_nothing_runs_eagerly(micro_model):
+    """A tool turn appended to a context that ended one token short of a block boundary leaves a one-token
+    prefill piece up to that boundary, which samples nothing. Beside decode rows it makes a step of one-token
+    pieces whose non-sampling one must not replay as a decode row (a graph returns a logit row for every row,
+    and the sampler would read one row more than it has keys for): it runs eagerly beside the decode rows'
+    graph, and the outputs have the eager engine's bits."""
+    model = micro_model("bi")
+    a_prompt, b_prompt = prompts_of([BLOCK_SIZE - 1, 5])
+    tool = prompts_of([30], seed=3)[0]
+
+    def run(cuda_graphs):
+        eng = Engine(model, max_slots=4, cuda_graphs=cuda_graphs)
+        a = eng.add_request(a_prompt, SamplingParams(max_new_tokens=1, seed=0, keep_cache=True))
+        b = eng.add_request(b_prompt, SamplingParams(max_new_tokens=12, seed=1))
+        outs = {}
+        while a not in eng.parked:
+            outs.update({o.request_id: o for o in eng.step()})
+        a_seq = eng.parked[a]
+        assert (a_seq.num_computed, len(a_seq.tokens)) == (BLOCK_SIZE - 1, BLOCK_SIZE)
+        eng.continue_request(a, tool, SamplingParams(max_new_tokens=6, seed=0))
+        eager_before = eng.runner.stats["eager_steps"]
+        outs.update({o.request_id: o for o in eng.step()})  # b's decode row + a's piece up to the boundary
+        assert a_seq.num_computed == BLOCK_SIZE
+        if cuda_graphs:
+            assert eng.runner.stats["eager_steps"] == eager_before + 1
+        while eng.has_work():
+            outs.update({o.request_id: o for o in eng.step()})
+        return [outs[a], outs[b]]
+
+    graphs, eager = run(True), run(False)
+    for x, y in zip(graphs, eager):
+        assert x.tokens == y.tokens and torch.equal(x.logprob_tensor, y.logprob_tensor)
+
+
+@pytest.mark.parametrize("mode", ["bi", "bi_chunk"])
+def test_mixed_steps_replay_decode_rows_beside_eager_pieces(micro_model, mode):
+    """With graphs on, a step with prefill pieces replays its decode rows' graph and runs only the pieces eagerly
+    (ModelRunner.execute); requests arriving while others decode make such steps. Same tokens and logprob bits
+    as the eager engine, and as each request alone."""
+    model = micro_model(mode)
+    prompts = prompts_of([70, 5, 130, 33, 9, 64])
+    params = [SamplingParams(max_new_tokens=10 + 2 * i, seed=i) for i in range(len(prompts))]
+
+    def run(cuda_graphs):
+        eng = Engine(model, max_slots=8, max_batched_tokens=80, cuda_graphs=cuda_graphs)
+        outs, ids = {}, []
+        for p, sp in zip(prompts, params):  # one new request per step: its prefill rides beside the decode rows
+            ids.append(eng.add_request(p, sp))
+            outs.update({o.request_id: o for o in eng.step()})
+        while eng.has_work():
+            outs.update({o.request_id: o for o in eng.step()})
+        return [outs[i] for i in ids], eng.runner.stats
+
+    graphs, stats = run(True)
+    assert stats["mixed_steps"] > 0 and stats["graph_steps"] > stats["mixed_steps"]
+    eager, _ = run(False)
+    for i, (x, y) in enumerate(zip(graphs, eager)):
+        alone = Engine(model, max_slots=8).generate([prompts[i]], [params[i]])[0]
+        for other in (x, y):
+            assert other.tokens == alone.tokens, i
+            assert torch.equal(other.logprob_tensor, alone.logprob_tensor), i

@@ -193,6 +193,9 @@ class Engine:
         t0 = time.perf_counter()
         logits = self.runner.execute(work, self.tap)
         to_sample = [w.seq for w in work if w.samples]
+        if logits.shape[0] != len(to_sample):  # a host fact: a row of another sequence would be sampled
+            raise RuntimeError(f"the model runner returned {logits.shape[0]} logit rows for {len(to_sample)} "
+                               "sampling pieces")
         params = [s.params for s in to_sample]
         if self.device_sampling:
             tokens, logprobs = sample_on_device(logits, params, [s.seed for s in to_sample],

@@ -4,8 +4,9 @@ Eager (every step on CPU; prefill and mixed steps on CUDA): the work's pieces ar
 token ids, slots, block tables, the rows that sample and the whole SeqLayout are built on the host and moved
 in one transfer, so the forward reads nothing back.
 
-CUDA graphs (decode-only steps on CUDA, cuda_graphs=True): the decode forward is captured once per (batch
-bucket, block-table width) and replayed. A step of B sequences runs in the smallest bucket >= B; the padding
+CUDA graphs (decode rows on CUDA, cuda_graphs=True): the decode forward is captured once per (batch bucket,
+block-table width) and replayed; in a step that also has prefill pieces, the decode rows replay and the pieces
+run eagerly beside them. A step of B sequences runs in the smallest bucket >= B; the padding
 rows read and write the storage's spare slot and spare block only, with token 0 at position 0. Batch invariance
 (bi, bi_chunk) makes the padding change no real row's bits (tests/gpu/test_gpu_generator.py asserts it): every
 op's per-row arithmetic is fixed by the row alone, the attention reads `width` blocks of keys, masks the ones
@@ -68,14 +69,30 @@ class ModelRunner:
         self.width_buckets = tuple(self.width_buckets) + (max_blocks_per_seq,)
         self.graphs: dict[tuple[int, int], _DecodeGraph] = {}
         self.pool = None
-        self.stats = {"graph_steps": 0, "eager_steps": 0, "captures": 0}
+        self.stats = {"graph_steps": 0, "eager_steps": 0, "mixed_steps": 0, "captures": 0}  # mixed: both at once
 
     def execute(self, work: list[Work], tap=None) -> torch.Tensor:
         """fp32 logits [R, V], one row per piece that samples (Work.samples), in work order.
         tap(name, activation [N, ...], layout, request_ids): the audit hook, called by every tapped op."""
-        if self.cuda_graphs and tap is None and all(w.n_tokens == 1 for w in work):
+        if not self.cuda_graphs or tap is not None:
+            return self._eager(work, tap)
+        # decode rows: one token that samples. A one-token piece can also be a prefill piece cut at a block
+        # boundary (a tool turn appended to a context that ended one token short of it), which samples
+        # nothing: a graph returns a logit row for every row, so such a piece runs eagerly.
+        decode = [w for w in work if w.n_tokens == 1 and w.samples]
+        if len(decode) == len(work):
             return self._replay(work)
-        return self._eager(work, tap)
+        if not decode:
+            return self._eager(work, tap)
+        # a mixed step: the decode rows replay their graph and the prefill pieces run eagerly over their own
+        # rows, instead of every row eagerly (multi-turn tasks append tool output all the time, so nearly every
+        # step has a piece). A row's bits do not depend on the rows beside it in bi / bi_chunk.
+        pieces = [w for w in work if not (w.n_tokens == 1 and w.samples)]
+        self.stats["mixed_steps"] += 1
+        # the engine samples in work order, and the scheduler puts the decode rows first
+        if [id(w) for w in work[: len(decode)]] != [id(w) for w in decode]:
+            raise RuntimeError("a step's decode rows must come before its prefill pieces (scheduler.schedule)")
+        return torch.cat([self._replay(decode), self._eager(pieces, tap)])
 
     # ------------------------------------------------------------------------------------------ eager
     def _eager(self, work: list[Work], tap) -> torch.Tensor:

@@ -44,8 +44,10 @@ class ChunkGDN(GDNBackend):
         o, ssm = o[:, :, :t], chunk_final_states(*padded, states, layout.lengths)
         decode_rows = [i for i, n in enumerate(layout.lengths_host) if n == 1]  # host fact: no device read
         if decode_rows:
+            # a decode row's one token is its first: the recurrent step runs over that token alone (the padded
+            # positions after it are inert zeros: the same values as a run over all T, T times faster)
             decode = torch.tensor(decode_rows).to(q.device, non_blocking=True)
-            o_r, s_r = recurrent_fwd(*(x[decode] for x in (q, k, v, gg, bb)), ssm0[decode].float())
-            o[decode], ssm[decode] = o_r, s_r
+            o_r, s_r = recurrent_fwd(*(x[decode][:, :, :1] for x in (q, k, v, gg, bb)), ssm0[decode].float())
+            o[decode, :, :1], ssm[decode] = o_r, s_r
         view.set_gdn_state(layer_idx, {"ssm": ssm})
         return layout.to_packed(o.transpose(1, 2))
