@@ -108,6 +108,19 @@ def test_recurrent_rows_independent():
     assert torch.equal(o[2:3], o1) and torch.equal(s[2:3], s1)
 
 
+def test_zero_padded_positions_leave_the_recurrent_state_unchanged():
+    """Zero-padded positions after a row's last token are inert in the recurrent step: running it over one token
+    or over the token plus zero padding gives the same output and final state bits. Stock's mixed steps rely on
+    it (ops/gdn/chunk.py steps a decode row over its one token, not the batch's padded length)."""
+    q, k, v, g, beta, s0 = inputs(b=3, t=1)
+    qq, kk = prepare_qk(q, k, 4)
+    vv, gg, bb = (x.transpose(1, 2).contiguous() for x in (v, g, beta))
+    o1, s1 = recurrent_fwd(qq, kk, vv, gg, bb, s0)
+    padded = [F.pad(x, (0, 0, 0, 40)) if x.dim() == 4 else F.pad(x, (0, 40)) for x in (qq, kk, vv, gg, bb)]
+    o, s = recurrent_fwd(*padded, s0)
+    assert torch.equal(o[:, :, :1], o1) and torch.equal(s, s1)
+
+
 def test_chunk_final_states_equal_each_row_run_alone():
     """chunk_final_states (stock's prefill state): the state after each row's last valid token, from the batch's
     boundary states, equals the chunked form run over that row alone, cut at its length (bitwise)."""

@@ -86,13 +86,12 @@ class ModelRunner:
             return self._eager(work, tap)
         # a mixed step: the decode rows replay their graph and the prefill pieces run eagerly over their own
         # rows, instead of every row eagerly (multi-turn tasks append tool output all the time, so nearly every
-        # step has a piece). A row's bits do not depend on the rows beside it in bi / bi_chunk.
-        pieces = [w for w in work if not (w.n_tokens == 1 and w.samples)]
-        self.stats["mixed_steps"] += 1
-        # the engine samples in work order, and the scheduler puts the decode rows first
+        # step has a piece). A row's bits do not depend on the rows beside it in bi / bi_chunk. The engine
+        # samples in work order, and the scheduler puts the decode rows first: the pieces are the rest.
         if [id(w) for w in work[: len(decode)]] != [id(w) for w in decode]:
             raise RuntimeError("a step's decode rows must come before its prefill pieces (scheduler.schedule)")
-        return torch.cat([self._replay(decode), self._eager(pieces, tap)])
+        self.stats["mixed_steps"] += 1
+        return torch.cat([self._replay(decode), self._eager(work[len(decode):], tap)])
 
     # ------------------------------------------------------------------------------------------ eager
     def _eager(self, work: list[Work], tap) -> torch.Tensor:
