@@ -23,42 +23,13 @@ import sys
 if os.environ.get("TRITON_INTERPRET") != "1":
     sys.exit("set TRITON_INTERPRET=1 (zeromismatch.ops.device reads it at import)")
 
-import numpy as np
 import torch
-import triton.runtime.interpreter as interp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "generator"))
-_dot = interp.InterpreterBuilder.create_dot
-
-
-def _sequential_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-    if a.data.dtype != np.float32:
-        return _dot(self, a, b, d, input_precision, max_num_imprecise_acc)
-    x, y = a.data.astype(np.float64), b.data.astype(np.float64)
-    acc = d.data.astype(np.float32).copy()
-    for i in range(x.shape[-1]):
-        acc = (x[..., :, i : i + 1] * y[..., i : i + 1, :] + acc).astype(np.float32)
-    return interp.TensorHandle(acc, d.dtype.scalar)
-
-
-interp.InterpreterBuilder.create_dot = _sequential_dot
-# tl.fma: one rounding (the interpreter's own rounds the product first)
-interp.InterpreterBuilder.create_fma = lambda self, x, y, z: interp.TensorHandle(
-    (x.data.astype(np.float64) * y.data + z.data).astype(np.float32), z.dtype.scalar)
-_set_attr = interp._LangPatchScope.set_attr
-
-
-def _set_attr_np2(self, obj, name, value):
-    # numpy >= 2 refuses int() of a size-1 array: a loop bound passed as a kernel argument (range(0, n)) fails
-    if name == "__index__":
-        value = lambda t: int(t.handle.data.reshape(-1)[0])  # noqa: E731
-    _set_attr(self, obj, name, value)
-
-
-interp._LangPatchScope.set_attr = _set_attr_np2
+from zeromismatch.ops.interpreter import emulate_gpu_arithmetic  # noqa: E402
 
 
 def model_parity(mode, engine_kw=None, **overrides):
@@ -161,4 +132,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    with emulate_gpu_arithmetic():
+        main()

@@ -40,11 +40,13 @@ def check_state(eng: Engine, work) -> None:
         assert len(s.block_table) * BLOCK_SIZE >= s.num_computed + w.n_tokens
 
 
-def run_workload(seed: int, mode: str) -> dict:
+def run_workload(seed: int, mode: str, iterations: int = 300, device_sampling: bool = False) -> dict:
+    """The workload of `seed` (experiments/gpu/bounds_check.py runs it with the kernels interpreted)."""
     rng = random.Random(seed)
     model = build_model("tiny", mode, seed=1, **MICRO).eval()
     eng = Engine(model, max_slots=rng.choice([4, 6, 8]), num_blocks=rng.choice([8, 10, 12]),
-                 max_batched_tokens=rng.choice([64, 128]), max_model_len=512, cuda_graphs=True)
+                 max_batched_tokens=rng.choice([64, 128]), max_model_len=512, cuda_graphs=True,
+                 device_sampling=device_sampling)
     execute, replay = eng.runner.execute, eng.runner._replay
     eng.stats["one_token_pieces"] = 0  # one-token pieces that sample nothing (a prefill cut at a block boundary)
 
@@ -60,7 +62,7 @@ def run_workload(seed: int, mode: str) -> dict:
     eng.runner.execute, eng.runner._replay = checked_execute, checked_replay
     turns: dict[int, int] = {}
     prompts: list[list[int]] = []
-    for i in range(300):
+    for i in range(iterations):
         if len(turns) < 30 and rng.random() < 0.3:
             prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 150))]
             if prompts and rng.random() < 0.5:  # a sample of an earlier prompt's group: prefix-cache hits

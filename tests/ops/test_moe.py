@@ -7,7 +7,6 @@ runs the compiled kernels in bf16."""
 import importlib
 import os
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -153,31 +152,18 @@ def test_grouped_mm_form_matches_naive_forward_and_backward(shape):
 def gt():
     """grouped_triton with its kernels interpreted: TRITON_INTERPRET is read when a kernel is decorated and again
     at launch, so it stays set for this module's tests (ops.device read it at import: the other ops keep their CPU
-    forms). The interpreter's fp32 tl.dot is numpy's matmul, whose BLAS blocks across rows; it is replaced, as in
-    experiments/gpu/interpret_check.py, by the sequential multiply-add chain over K that the GPU's FMA lowering runs."""
+    forms). The interpreter's fp32 tl.dot is numpy's matmul, whose BLAS blocks across rows; emulate_gpu_arithmetic
+    replaces it by the sequential multiply-add chain over K that the GPU's FMA lowering runs."""
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs the compiled kernels (tests/gpu/test_gpu_moe.py)")
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         pytest.importorskip("triton")
-        import triton.runtime.interpreter as interp
+        from zeromismatch.ops.interpreter import emulate_gpu_arithmetic
 
-        original = interp.InterpreterBuilder.create_dot
-
-        def sequential_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-            if a.data.dtype != np.float32:
-                return original(self, a, b, d, input_precision, max_num_imprecise_acc)
-            x, y, acc = a.data.astype(np.float64), b.data.astype(np.float64), d.data.astype(np.float32).copy()
-            for i in range(x.shape[-1]):
-                acc = (x[..., :, i : i + 1] * y[..., i : i + 1, :] + acc).astype(np.float32)
-            return interp.TensorHandle(acc, d.dtype.scalar)
-
-        interp.InterpreterBuilder.create_dot = sequential_dot
-        try:
+        with emulate_gpu_arithmetic():
             yield importlib.import_module("zeromismatch.ops.moe.grouped_triton")
-        finally:
-            interp.InterpreterBuilder.create_dot = original
     finally:
         if previous is None:
             os.environ.pop("TRITON_INTERPRET")
