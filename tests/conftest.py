@@ -1,7 +1,33 @@
+import importlib.util
+import os
+
 import pytest
 import torch
 
 from zeromismatch.models.qwen3_5 import build_model
+
+
+def _import_triton_interpreted() -> None:
+    """Where triton is installed and no GPU is (the `interpret` extra), import it under its interpreter first.
+    Triton decides at decoration time whether a @triton.jit function is interpreted, its own standard library
+    (tl.zeros, tl.cdiv, ...) included, at its first import: if another library imported it first (transformers
+    does), an interpreted kernel calling tl.zeros fails ("Cannot call @triton.jit'd outside of the scope of a
+    kernel"). TRITON_INTERPRET is restored, so zeromismatch.ops keeps its CPU forms; the interpreted tests
+    (tests/ops/test_moe.py, test_interpreter.py) set it again around their own kernels."""
+    if torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+        return
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_INTERPRET")
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+
+
+_import_triton_interpreted()
 
 
 @pytest.fixture(scope="session")
