@@ -1,5 +1,4 @@
 import importlib.util
-import os
 
 import pytest
 import torch
@@ -16,15 +15,9 @@ def _import_triton_interpreted() -> None:
     (tests/ops/test_moe.py, test_interpreter.py) set it again around their own kernels."""
     if torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
         return
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
         import triton.language  # noqa: F401
-    finally:
-        if previous is None:
-            os.environ.pop("TRITON_INTERPRET")
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
 
 
 _import_triton_interpreted()

@@ -7,12 +7,12 @@ multi-turn workload (parks, tool turns, one-token pieces at block boundaries, mi
 hits, weight swaps) through the CUDA-graph runner's bucketed decode path (run without capture) with the Gumbel-max
 device sampler, in bi and bi_chunk; then the trainer's packed forward and backward on the same micro model.
 
-    pip install triton==3.6.0 && TRITON_INTERPRET=1 PYTHONPATH=src python experiments/gpu/bounds_check.py \
-        [--seeds 0 1] [--iterations 120] [--modes bi bi_chunk]
+    pip install -e ".[interpret]" && TRITON_INTERPRET=1 PYTHONPATH=src python experiments/gpu/bounds_check.py \
+        [--seeds 0 1] [--iterations 120] [--modes bi bi_chunk] [--agent 8]
 
 Prints one line per workload (steps, kernel launches and accesses checked, the hard paths reached) and exits
-non-zero at the first access out of bounds. Not part of the test suite (CI has no Triton; tests/ops/
-test_interpreter.py checks the checker itself).
+non-zero at the first access out of bounds. tests/ops/test_interpreter.py checks the checker itself and runs a
+short form of this (one seed, 40 iterations, no agent workload) in CI.
 """
 
 import argparse
@@ -33,29 +33,25 @@ from zeromismatch.ops import interpreter  # noqa: E402
 
 
 def trainer_step(mode: str) -> None:
-    """The trainer's packed forward and backward (varlen sequences, one of them a single token)."""
+    """The trainer's scoring (one packed varlen forward, trainer/scoring.py) and its backward, over sequences one
+    of which is a single token."""
     from gen_helpers import MICRO, prompts_of
 
     from zeromismatch.models.qwen3_5 import build_model
-    from zeromismatch.ops.logprob import token_logprobs
+    from zeromismatch.trainer.scoring import next_token_logprobs
 
     model = build_model("tiny", mode, seed=1, **MICRO)
-    seqs = prompts_of([1, 63, 64, 65, 130], seed=3)
-    cu = [0]
-    for s in seqs:
-        cu.append(cu[-1] + len(s))
-    tokens = torch.tensor([t for s in seqs for t in s])
-    logits = model(tokens, cu)
-    lp = token_logprobs(logits[:-1], tokens[1:])
-    lp.sum().backward()
+    lps = next_token_logprobs(model, prompts_of([1, 63, 64, 65, 130], seed=3))
+    torch.cat(lps).sum().backward()
 
 
 def agent_workload(mode: str, seed: int, slots: int, rollouts: int, greedy: bool, graphs: bool) -> dict:
     """The terminal agent's engine at its shapes (conf/scale/small_agent.yaml): the qwen3_5_small preset's widths
     and heads in bf16 (2 of its 8 layers, one GDN and one attention: the interpreter runs the recurrent kernel's
-    token loop in Python), a 512-token context, 8192 batched tokens; groups of rollouts that share a prompt (prefix hits), turns of up to
-    32 tokens ended by a stop token or the cap, tool output of 1-200 tokens appended to a parked sequence, up to 4
-    turns. greedy: the held-out evaluation's setting (its engine runs eagerly: graphs False)."""
+    token loop in Python), a 512-token context, 8192 batched tokens; groups of rollouts that share a prompt
+    (prefix hits), turns of up to 32 tokens ended by a stop token or the cap, tool output of 1-200 tokens appended
+    to a parked sequence, up to 4 turns. greedy: the held-out evaluation's setting (its engine runs eagerly:
+    graphs False)."""
     import random
 
     from test_engine_stress import check_state

@@ -12,9 +12,9 @@ shapes (decode == chunked rows bitwise, both decode kernels agree, recurrent ker
 model's engine-vs-trainer check at K = V = 96. About 8 minutes on one core; `--head-sizes` runs only the
 head-size checks.
 
-    pip install triton==3.6.0 && TRITON_INTERPRET=1 PYTHONPATH=src python experiments/gpu/interpret_check.py
+    pip install -e ".[interpret]" && TRITON_INTERPRET=1 PYTHONPATH=src python experiments/gpu/interpret_check.py
 
-Not part of the test suite (CI has no Triton); a developer's check before spending device time.
+Not part of the test suite (about 8 minutes); a developer's check before spending device time.
 """
 
 import os

@@ -18,9 +18,8 @@ def copy_kernel():
     """A copy kernel whose mask is the argument `bound` (offs < bound): bound = n + 1 is the off-by-one."""
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs compiled kernels; the checker is for the interpreter")
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel is decorated and at launch
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")  # read when a kernel is decorated and at launch
         triton = pytest.importorskip("triton")
         import triton.language as tl
 
@@ -32,11 +31,6 @@ def copy_kernel():
             tl.store(dst + offs, tl.load(src + offs, mask=offs < bound), mask=offs < bound)
 
         yield copy, interpreter
-    finally:
-        if previous is None:
-            os.environ.pop("TRITON_INTERPRET")
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
 
 
 def test_in_bounds_and_masked_off_accesses_pass(copy_kernel):

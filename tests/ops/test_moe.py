@@ -5,7 +5,6 @@ grouped kernels (under TRITON_INTERPRET=1, fp32) match naive forward and backwar
 runs the compiled kernels in bf16."""
 
 import importlib
-import os
 
 import pytest
 import torch
@@ -156,19 +155,13 @@ def gt():
     replaces it by the sequential multiply-add chain over K that the GPU's FMA lowering runs."""
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs the compiled kernels (tests/gpu/test_gpu_moe.py)")
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
         pytest.importorskip("triton")
         from zeromismatch.ops.interpreter import emulate_gpu_arithmetic
 
         with emulate_gpu_arithmetic():
             yield importlib.import_module("zeromismatch.ops.moe.grouped_triton")
-    finally:
-        if previous is None:
-            os.environ.pop("TRITON_INTERPRET")
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
 
 
 @pytest.mark.parametrize("shape", SHAPES[:4])
