@@ -66,7 +66,7 @@ def header(args: argparse.Namespace) -> dict:
     """The run's provenance: command, commit, machine, versions, and the numerics policies the kernels used."""
     import triton
 
-    from zeromismatch.ops.gdn import DEFAULT_CHUNK_DECODE
+    from zeromismatch.ops.gdn import DEFAULT_CHUNK_DOTS
     from zeromismatch.ops.gdn import chunk_triton, recurrent_triton
     from zeromismatch.ops.linear.policy import DEFAULT_GEMM_POLICY
 
@@ -77,7 +77,7 @@ def header(args: argparse.Namespace) -> dict:
         "machine": {"gpu": torch.cuda.get_device_name(0), "sm_count": p.multi_processor_count,
                     "nvidia_smi": _nvidia_smi()},
         "versions": {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda},
-        "numerics": {"gemm_policy": DEFAULT_GEMM_POLICY, "chunk_decode": DEFAULT_CHUNK_DECODE,
+        "numerics": {"gemm_policy": DEFAULT_GEMM_POLICY, "chunk_dots": DEFAULT_CHUNK_DOTS,
                      "recurrent_kernel": {"BV": recurrent_triton.BV, "num_warps": recurrent_triton.NUM_WARPS,
                                           "num_stages": recurrent_triton.NUM_STAGES},
                      "chunk_kernels": {"num_warps": chunk_triton.NUM_WARPS, "bv_max": chunk_triton.BV_MAX}},

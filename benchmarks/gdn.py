@@ -4,9 +4,11 @@ trainer; K = V = 128 unless named).
 - recurrent (bi; ops/gdn/recurrent_triton.py): the 8 x 4096-token forward; one decode step (CUDA-graph replay
   over 4 rotating caches, and eager) vs the fp32 state read + write floor (a copy of the 64 states)
 - chunk_decode (bi_chunk; ops/gdn/chunk_triton.py): the fused decode step at open-chunk positions 0, 31, 63
-  (63 closes the chunk and writes the state) vs the same floor, both decode kernels; the step at K = V = 96
+  (63 closes the chunk and writes the state) vs the same floor, and its mean over the 64 positions of a chunk,
+  for each arithmetic (tf32: the dot kernel; ieee: the chain kernel, and the dot kernel); the step at K = V = 96
   (padded to 128 for the keys); recomputing the zero-padded open chunk with the chunked forward instead
-- chunk_train: the chunked forward vs the recurrent kernel vs torch's fp32 chunked form (not invariant)
+- chunk_train: the chunked forward (tf32 and ieee) vs the recurrent kernel vs torch's fp32 chunked form (not
+  invariant)
 - chunk_grad: forward + backward of the chunked form the trainer differentiates (ops/gdn/autograd.py
   chunk_reference) with its scan over chunks as the torch loop vs the Triton kernel pair (scan_triton.py, tf32
   and ieee), one sequence of 4096 tokens and all 8 packed; the tf32 gradient's relative error against ieee
@@ -78,21 +80,30 @@ def chunk_decode():
     from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton, chunk_fwd_triton
 
     r = {}
-    for dk, dv, variants, positions in ((128, 128, ("chain", "dot"), (0, 31, 63)), (96, 96, ("chain",), (31,))):
+    kernels = (("tf32", "dot"), ("ieee", "chain"), ("ieee", "dot"))
+    for dk, dv, variants, positions in ((128, 128, kernels, (0, 31, 63)), (96, 96, kernels[:2], (31,))):
         q, k, v, gg, beta = (x[:, :, 0].contiguous() for x in prepared_inputs(N_SEQ, HEADS, 1, dk, dv, seed=5))
         caches = [open_chunk_cache(N_SEQ, HEADS, dk, dv, seed=i) for i in range(4)]
         slots, tag = torch.arange(N_SEQ, device=DEV), f"K{dk}_V{dv}"
         r[f"{tag}_state_floor_ms"] = floor = state_floor(caches)
-        for variant in variants:
+        for dots, kernel in variants:
+            name = f"{tag}_{dots}_{kernel}"
             for t in positions:
                 pos = torch.full((N_SEQ,), t, device=DEV)
-                ms = bench_graph([lambda c=c: chunk_decode_triton(q, k, v, gg, beta, slots, pos, c, variant=variant)
-                                  for c in caches])
-                r[f"{tag}_{variant}_t{t}_ms"], r[f"{tag}_{variant}_t{t}_over_floor"] = ms, ms / floor
+                ms = bench_graph([lambda c=c: chunk_decode_triton(q, k, v, gg, beta, slots, pos, c, dots=dots,
+                                                                  kernel=kernel) for c in caches])
+                r[f"{name}_t{t}_ms"], r[f"{name}_t{t}_over_floor"] = ms, ms / floor
+            if dk == 128 and kernel == "dot" or dots == "ieee" and kernel == "chain" and dk == 128:
+                # a whole chunk: 64 graph-captured steps at positions 0..63 (the state written once, at 63)
+                steps = [torch.full((N_SEQ,), t, device=DEV) for t in range(CHUNK)]
+                ms = bench_graph([lambda c=c: [chunk_decode_triton(q, k, v, gg, beta, slots, p, c, dots=dots,
+                                                                   kernel=kernel) for p in steps] for c in caches])
+                r[f"{name}_chunk_mean_ms"] = ms / CHUNK
+                r[f"{name}_chunk_mean_over_floor"] = ms / CHUNK / floor
     pq, pk, pv, pg, pb = prepared_inputs(N_SEQ, HEADS, CHUNK, seed=6)
     st0 = open_chunk_cache(N_SEQ, HEADS)["ssm"]
     r["recompute_open_chunk_ms"] = bench_graph([lambda: chunk_fwd_triton(pq, pk, pv, pg, pb, st0)])
-    r["recompute_over_chain_t31"] = r["recompute_open_chunk_ms"] / r["K128_V128_chain_t31_ms"]
+    r["recompute_over_tf32_t31"] = r["recompute_open_chunk_ms"] / r["K128_V128_tf32_dot_t31_ms"]
     return r
 
 
@@ -103,13 +114,18 @@ def chunk_train():
 
     q, k, v, gg, beta = prepared_inputs(B_TRAIN, HEADS, T_TRAIN, seed=7)
     s0 = torch.zeros(B_TRAIN, HEADS, 128, 128, device=DEV)
-    r = {"chunk_fwd_ms": bench(lambda: chunk_fwd_triton(q, k, v, gg, beta, s0), warmup=2, rep=10),
-         "torch_chunk_fp32_ms": bench(lambda: chunk_fwd(q, k, v, gg, beta, s0), warmup=1, rep=3)}
+    r = {f"chunk_fwd_{dots}_ms": bench(lambda d=dots: chunk_fwd_triton(q, k, v, gg, beta, s0, dots=d), warmup=2, rep=10)
+         for dots in ("tf32", "ieee")}
+    r["torch_chunk_fp32_ms"] = bench(lambda: chunk_fwd(q, k, v, gg, beta, s0), warmup=1, rep=3)
     rq, rk, rv, rg, rb = raw_inputs(B_TRAIN * T_TRAIN, HEADS, HEADS, seed=21)
     cu = cu_seqlens([T_TRAIN] * B_TRAIN)
     o = torch.empty(B_TRAIN * T_TRAIN, HEADS, 128, device=DEV, dtype=torch.bfloat16)
     r["recurrent_ms"] = bench(lambda: recurrent_fwd_triton(rq, rk, rv, rg, rb, cu, s0, out=o), warmup=2, rep=10)
-    r["chunk_over_recurrent"] = r["chunk_fwd_ms"] / r["recurrent_ms"]
+    r["chunk_tf32_over_recurrent"] = r["chunk_fwd_tf32_ms"] / r["recurrent_ms"]
+    o64 = chunk_fwd(*(x[:1, :4].double() for x in (q, k, v, gg, beta)), s0[:1, :4].double())[0]
+    for dots in ("tf32", "ieee"):  # accuracy against float64 (one sequence, 4 heads)
+        o = chunk_fwd_triton(q[:1, :4], k[:1, :4], v[:1, :4], gg[:1, :4], beta[:1, :4], s0[:1, :4], dots=dots)[0]
+        r[f"chunk_fwd_{dots}_rel_err_fp64"] = float((o.double() - o64).norm() / o64.norm())
     return r
 
 

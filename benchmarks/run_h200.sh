@@ -3,6 +3,9 @@
 # and model timings, one after another (they share the GPU), each under its own time limit so the whole run
 # fits one 10-minute device call; every JSON is written as its sections finish.
 #   bash benchmarks/run_h200.sh COMMIT        (the device copy of the tree may have no .git: pass the commit)
+# TESTS (pytest arguments, default tests/gpu; none: no tests) and BENCH (which benchmarks, default "parity gdn gemm model moe
+# attention"; add trainer and generator, or set WITH_TRAINER / WITH_GENERATOR) select a smaller run; ARGS_<name>
+# adds arguments to one benchmark (ARGS_trainer="--models qwen3_5_mid --reps 2").
 # Writes to $OUT: log.txt, pytest_gpu.txt, parity_presets.json, parity_sweep.json, gdn.json, gemm.json,
 # model_forward.json, moe.json, h200_trainer.json + .png (WITH_TRAINER=1: benchmarks/trainer.py, over 4 minutes:
 # qwen3_5_mid alone took 220 s), h200_generator.json + .png (the generator's decode vs its memory floor: benchmarks/generator.py,
@@ -23,17 +26,22 @@ step() {  # step SECONDS NAME COMMAND...: run under a time limit (SIGINT first; 
     echo "== $name rc=$? in $((SECONDS - t0))s" | tee -a "$log"
 }
 
-echo "== tests_gpu (limit 240s)" | tee -a "$log"
-t0=$SECONDS
-timeout --signal=INT --kill-after=20 240 python -m pytest -q -rA --durations=15 -p no:cacheprovider tests/gpu \
-    > "$OUT/pytest_gpu.txt" 2>&1
-echo "== tests_gpu rc=$? in $((SECONDS - t0))s; summary:" | tee -a "$log"
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu.txt" | tail -n 20 | tee -a "$log"
-step 110 parity python benchmarks/parity.py --out "$OUT" --commit "$COMMIT"
-step 50 gdn python benchmarks/gdn.py --out "$OUT" --commit "$COMMIT"
-step 50 gemm python benchmarks/gemm.py --out "$OUT" --commit "$COMMIT"
-step 40 model python benchmarks/model.py --out "$OUT" --commit "$COMMIT"
-step 90 moe python benchmarks/moe.py --out "$OUT" --commit "$COMMIT"
-[ -n "$WITH_TRAINER" ] && step 300 trainer python benchmarks/trainer.py --out "$OUT" --commit "$COMMIT"
-[ -n "$WITH_GENERATOR" ] && step 330 generator python benchmarks/generator.py --out "$OUT" --commit "$COMMIT"
+if [ "${TESTS:-}" != none ]; then
+    echo "== tests_gpu (limit 240s)" | tee -a "$log"
+    t0=$SECONDS
+    # shellcheck disable=SC2086
+    timeout --signal=INT --kill-after=20 240 python -m pytest -q -rA --durations=15 -p no:cacheprovider \
+        ${TESTS:-tests/gpu} > "$OUT/pytest_gpu.txt" 2>&1
+    echo "== tests_gpu rc=$? in $((SECONDS - t0))s; summary:" | tee -a "$log"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu.txt" | tail -n 20 | tee -a "$log"
+fi
+BENCH="${BENCH:-parity gdn gemm model moe attention}"
+[ -n "$WITH_TRAINER" ] && BENCH="$BENCH trainer"
+[ -n "$WITH_GENERATOR" ] && BENCH="$BENCH generator"
+declare -A LIMIT=([parity]=110 [gdn]=60 [gemm]=50 [model]=40 [moe]=90 [attention]=60 [trainer]=300 [generator]=330)
+for b in $BENCH; do
+    extra="ARGS_$b"  # e.g. ARGS_trainer="--models qwen3_5_mid --reps 2"
+    # shellcheck disable=SC2086
+    step "${LIMIT[$b]:-120}" "$b" python "benchmarks/$b.py" --out "$OUT" --commit "$COMMIT" ${!extra:-}
+done
 echo "== done in ${SECONDS}s" | tee -a "$log"

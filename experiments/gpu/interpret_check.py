@@ -72,12 +72,12 @@ def head_size_checks(t):
         o64, st64 = chunk_fwd(*(x.double() for x in (q, k, v, g, beta, s0)))
         rel = max(float((o.double() - o64).norm() / o64.norm()), float((st.double() - st64).norm() / st64.norm()))
         assert rel < 1e-5, (dk, dv, rel)
-        for variant in ("dot", "chain"):
-            t.check_chunk_decode_equals_chunked_forward(variant, dk, dv, h=1, prefill=(0, 60), total=70)
+        for dots, kernel in t.DECODE_KERNELS[:2]:
+            t.check_chunk_decode_equals_chunked_forward(dots, kernel, dk, dv, h=1, prefill=(0, 60), total=70)
         for pos in (0, 63):
             t.check_decode_kernels_agree(pos, dk, dv, n=2, h=1)
         t.check_recurrent_reference_and_invariance(dk, dv, [9, 1, 7])
-        print(f"K={dk} V={dv}: chunked fwd vs float64 {rel:.1e}; decode (dot, chain) == chunked rows; "
+        print(f"K={dk} V={dv}: chunked fwd vs float64 {rel:.1e}; decode (tf32 dot, ieee chain) == chunked rows; "
               "chain == dot; recurrent vs float64, alone == batched, split exact: ok")
     for mode in ("bi", "bi_chunk"):
         equal, total = model_parity(mode, linear_key_head_dim=96, linear_value_head_dim=96)
@@ -105,7 +105,7 @@ def main():
     print(f"chunk_fwd_triton vs float64: rel err {rel:.2e}")
     assert rel < 1e-5
     # the loop-chain kernel is slow under the interpreter: compared to "dot" below, on small dims
-    t.check_chunk_decode_equals_chunked_forward("dot")
+    t.check_chunk_decode_equals_chunked_forward("tf32", "dot")
     print("dot decode == chunked forward rows (bitwise, sequential-dot emulation): ok")
     n, h, d = 3, 2, 32
     g = t._gen(5)
@@ -117,8 +117,8 @@ def main():
     for pos in ([0, 5, 63], [63, 1, 40]):
         a, b = ({k_: v_.clone() for k_, v_ in cache.items()} for _ in range(2))
         pos = torch.tensor(pos)
-        oa = chunk_decode_triton(*xs, torch.arange(n), pos, a, variant="dot")
-        ob = chunk_decode_triton(*xs, torch.arange(n), pos, b, variant="chain")
+        oa = chunk_decode_triton(*xs, torch.arange(n), pos, a, dots="ieee", kernel="dot")
+        ob = chunk_decode_triton(*xs, torch.arange(n), pos, b, dots="ieee", kernel="chain")
         assert torch.equal(oa, ob) and all(torch.equal(a[k_], b[k_]) for k_ in a), pos
     print("loop-chain decode == dot decode (output and every cache tensor): ok")
     for mode in ("bi", "bi_chunk"):

@@ -35,7 +35,7 @@ from . import config_checks as checks
 from .errors import ConfigError, MissingFileError
 from .models.qwen3_5.config import PRESETS, Qwen35Config
 from .numerics.modes import MODES
-from .ops.gdn.constants import CHUNK_DECODE_KERNELS
+from .ops.gdn.constants import CHUNK_DOTS
 from .ops.linear.policy import GEMM_POLICIES
 from .plots.figures import FIGURES
 from .rl.losses import PRESETS as LOSSES
@@ -170,7 +170,7 @@ MODEL: Group = {
     "tokenizer": OPT_STR,
 }
 
-NUMERICS: Group = {"name": one_of(*MODES), "gemm_policy": one_of(*GEMM_POLICIES), "chunk_decode": one_of(*CHUNK_DECODE_KERNELS)}
+NUMERICS: Group = {"name": one_of(*MODES), "gemm_policy": one_of(*GEMM_POLICIES), "chunk_dots": one_of(*CHUNK_DOTS)}
 
 _NOT_IMPLEMENTED_TASK = {"name": STR, "implemented": BOOL}
 # what a multi-turn task's yaml sets for its rollouts (orchestration/build.py episode_settings)

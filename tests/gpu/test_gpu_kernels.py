@@ -196,9 +196,18 @@ def test_gdn_recurrent_backward_matches_reference(scan_precision):
         torch.testing.assert_close(a, b)
 
 
+# bi_chunk's chunked arithmetics and their accuracy against float64 (relative, output and states): ieee is fp32
+# FMA chains; tf32 rounds each product's inputs to 10 mantissa bits (FLA's chunk kernels: bf16)
+CHUNK_TOL = {"ieee": 1e-5, "tf32": 5e-3}
+
+
+@pytest.mark.parametrize("dots", ["tf32", "ieee"])
 @pytest.mark.parametrize("dk,dv", HEAD_DIMS)
-def test_gdn_chunk_cuda_reference_prefix_and_batch(dk, dv):
-    from zeromismatch.ops.gdn.chunk_triton import chunk_fwd_triton
+def test_gdn_chunk_cuda_reference_prefix_and_batch(dk, dv, dots):
+    from functools import partial
+
+    from zeromismatch.ops.gdn.chunk_triton import chunk_fwd_triton as fwd
+    chunk_fwd_triton = partial(fwd, dots=dots)
     from zeromismatch.ops.gdn.naive import chunk_fwd
 
     g = _gen(11)
@@ -211,8 +220,8 @@ def test_gdn_chunk_cuda_reference_prefix_and_batch(dk, dv):
     s0 = torch.randn(b, h, dk, dv, device=DEV, generator=g) * 0.1
     o, st = chunk_fwd_triton(q, k, v, gg, beta, s0)
     o64, st64 = chunk_fwd(*(x.double() for x in (q, k, v, gg, beta, s0)))
-    assert ((o.double() - o64).norm() / o64.norm()).item() < 1e-5
-    assert ((st.double() - st64).norm() / st64.norm()).item() < 1e-5
+    assert ((o.double() - o64).norm() / o64.norm()).item() < CHUNK_TOL[dots]
+    assert ((st.double() - st64).norm() / st64.norm()).item() < CHUNK_TOL[dots]
     o1, st1 = chunk_fwd_triton(q[1:2], k[1:2], v[1:2], gg[1:2], beta[1:2], s0[1:2])
     assert torch.equal(o1, o[1:2]) and torch.equal(st1, st[1:2])
     for r in (1, 17, 63):  # a zero-padded open chunk from the boundary state gives the same rows
@@ -237,18 +246,21 @@ def _prepared_inputs(b, h, t, dk, dv, seed):
     return q, k, v, gg, beta
 
 
-@pytest.mark.parametrize("variant", ["chain", "dot"])
+DECODE_KERNELS = [("tf32", "dot"), ("ieee", "chain"), ("ieee", "dot")]  # (arithmetic, decode kernel)
+
+
+@pytest.mark.parametrize("dots,kernel", DECODE_KERNELS)
 @pytest.mark.parametrize("dk,dv", HEAD_DIMS)
-def test_gdn_chunk_decode_equals_chunked_forward(dk, dv, variant):
-    """bi_chunk's fused decode step (both kernels) == the trainer's chunked forward, bit for bit."""
-    check_chunk_decode_equals_chunked_forward(variant, dk, dv)
+def test_gdn_chunk_decode_equals_chunked_forward(dk, dv, dots, kernel):
+    """bi_chunk's fused decode step (each arithmetic, each kernel) == the trainer's chunked forward, bit for bit."""
+    check_chunk_decode_equals_chunked_forward(dots, kernel, dk, dv)
 
 
-def check_chunk_decode_equals_chunked_forward(variant, dk=128, dv=128, h=4, prefill=(0, 5, 63, 81), total=200):
+def check_chunk_decode_equals_chunked_forward(dots, kernel, dk=128, dv=128, h=4, prefill=(0, 5, 63, 81), total=200):
     """len(prefill) sequences in as many of 8 cache slots, each prefilled to its length (boundary state +
     open-chunk rows stored from chunk_fwd_triton(return_rows=True)), then decoded together token by token with
-    the `variant` decode kernel (every position in the open chunk, chunk closes included) to `total` tokens;
-    rows and final states compared with torch.equal; other slots untouched."""
+    the decode `kernel` (every position in the open chunk, chunk closes included) to `total` tokens; rows and
+    final states compared with torch.equal; other slots untouched. Both sides use the arithmetic `dots`."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton, chunk_fwd_triton
 
@@ -257,7 +269,7 @@ def check_chunk_decode_equals_chunked_forward(variant, dk=128, dv=128, h=4, pref
     for x in (q, k, v, gg, beta):
         x[:, :, total:] = 0  # the trainer's zero padding
     s0 = torch.zeros(b, h, dk, dv, device=DEV)
-    o_ref, st_ref = chunk_fwd_triton(q, k, v, gg, beta, s0)
+    o_ref, st_ref = chunk_fwd_triton(q, k, v, gg, beta, s0, dots=dots)
 
     slots = torch.tensor([5, 2, 7, 0][:b], device=DEV)
     n_slots = 8
@@ -275,7 +287,7 @@ def check_chunk_decode_equals_chunked_forward(variant, dk=128, dv=128, h=4, pref
         xs = [x[i : i + 1, :, :width].clone() for x in (q, k, v, gg, beta)]
         for x in xs:
             x[:, :, p:] = 0
-        _, st, tm, u = chunk_fwd_triton(*xs, s0[i : i + 1], return_rows=True)
+        _, st, tm, u = chunk_fwd_triton(*xs, s0[i : i + 1], return_rows=True, dots=dots)
         full, sl = p // CHUNK, slice(p // CHUNK * CHUNK, p // CHUNK * CHUNK + CHUNK)
         s = slots[i]
         cache["ssm"][s] = st[0, :, full]
@@ -290,7 +302,7 @@ def check_chunk_decode_equals_chunked_forward(variant, dk=128, dv=128, h=4, pref
             break
         p = pos[live]
         qt, kt, vt, gt, bt = (x[live, :, p] for x in (q, k, v, gg, beta))  # [n, HV, ...]
-        o = chunk_decode_triton(qt, kt, vt, gt, bt, slots[live], p % CHUNK, cache, variant=variant)
+        o = chunk_decode_triton(qt, kt, vt, gt, bt, slots[live], p % CHUNK, cache, dots=dots, kernel=kernel)
         for j, i in enumerate(live.tolist()):
             out[i, :, pos[i]] = o[j]
         pos[live] += 1
@@ -302,19 +314,24 @@ def check_chunk_decode_equals_chunked_forward(variant, dk=128, dv=128, h=4, pref
         assert torch.equal(cache[n][others], t), n
 
 
-def test_gdn_chunk_cuda_grad_matches_reference(scan_precision):
-    """bi_chunk's training op against naive.chunk_fwd under autograd; the scan at fp32 as above."""
+@pytest.mark.parametrize("dots", ["tf32", "ieee"])
+def test_gdn_chunk_cuda_grad_matches_reference(scan_precision, dots):
+    """bi_chunk's training op against naive.chunk_fwd under autograd; the scan at fp32 as above. The gradient is
+    the reference's whatever the forward's arithmetic; the tf32 forward is within its tolerance."""
     scan_precision("ieee")
     from zeromismatch.ops.gdn.aligned_chunk import chunk_train_triton
     from zeromismatch.ops.gdn.naive import chunk_fwd
 
     q, k, v, gg, beta = (x.requires_grad_() for x in _prepared_inputs(2, 2, 128, 128, 128, 22))
     s0 = torch.zeros(2, 2, 128, 128, device=DEV)
-    o = chunk_train_triton(q, k, v, gg, beta, s0)
+    o = chunk_train_triton(q, k, v, gg, beta, s0, dots=dots)
     w = torch.randn_like(o)
     grads = torch.autograd.grad((o * w).sum(), (q, k, v, gg, beta))
     o_ref, _ = chunk_fwd(q, k, v, gg, beta, s0)
-    torch.testing.assert_close(o, o_ref, rtol=1e-4, atol=1e-4)
+    if dots == "ieee":
+        torch.testing.assert_close(o, o_ref, rtol=1e-4, atol=1e-4)
+    else:
+        assert float((o - o_ref).detach().norm() / o_ref.detach().norm()) < CHUNK_TOL[dots]
     grads_ref = torch.autograd.grad((o_ref * w).sum(), (q, k, v, gg, beta))
     for a, b_ in zip(grads, grads_ref):
         torch.testing.assert_close(a, b_)
@@ -327,8 +344,8 @@ def test_gdn_chunk_decode_kernels_agree(t, dk, dv):
 
 
 def check_decode_kernels_agree(t, dk, dv, n=6, h=4):
-    """The loop-chain decode kernel (default) == the dot decode kernel (the trainer's construct), output and
-    every cache tensor, from random open-chunk rows at position t (relies on tl.dot's fp32 lowering being a
+    """In the ieee arithmetic, the loop-chain decode kernel (its default) == the dot decode kernel (the trainer's
+    construct), output and every cache tensor, from random open-chunk rows at position t (relies on tl.dot's fp32 lowering being a
     fused FMA chain; at K not a power of two the loop's chain is the dot's less its trailing 0 * 0 terms)."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton
@@ -343,8 +360,8 @@ def check_decode_kernels_agree(t, dk, dv, n=6, h=4):
     xs = [x[:, :, 0] for x in _prepared_inputs(n, h, 1, dk, dv, 31)]
     slots, pos = torch.arange(n, device=DEV), torch.full((n,), t, device=DEV)
     a, b = ({k: v.clone() for k, v in cache.items()} for _ in range(2))
-    oa = chunk_decode_triton(*xs, slots, pos, a, variant="dot")
-    ob = chunk_decode_triton(*xs, slots, pos, b, variant="chain")
+    oa = chunk_decode_triton(*xs, slots, pos, a, dots="ieee", kernel="dot")
+    ob = chunk_decode_triton(*xs, slots, pos, b, dots="ieee", kernel="chain")
     assert torch.equal(oa, ob)
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -374,3 +391,38 @@ def test_gdn_scan_triton_matches_torch_loop(dk, dv, prec, scan_precision):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
             else:
                 assert float((a - b).detach().norm() / b.detach().norm()) < 1e-2, name
+
+
+@pytest.mark.parametrize("dk,dv", [(128, 128), (96, 40)])
+def test_gdn_chunk_tf32_bits_do_not_depend_on_launch_settings(dk, dv, monkeypatch):
+    """The tf32 kernels' bits under other warp counts and value blocks (prep, scan, decode): the tile-independence
+    of the tensor-core products that decode == chunked rows rests on, at the kernels' own shapes."""
+    from zeromismatch.ops.gdn import CHUNK
+    from zeromismatch.ops.gdn import chunk_triton as ct
+
+    q, k, v, gg, beta = _prepared_inputs(2, 4, 192, dk, dv, 41)
+    s0 = 0.1 * torch.randn(2, 4, dk, dv, device=DEV, generator=_gen(42))
+    ref = ct.chunk_fwd_triton(q, k, v, gg, beta, s0, return_rows=True)
+    n, pos = 3, torch.tensor([0, 31, 63], device=DEV)
+    xs = [x[:n, :, 0].contiguous() for x in _prepared_inputs(n, 4, 1, dk, dv, 43)]
+    cache = {"ssm": 0.1 * torch.randn(n, 4, dk, dv, device=DEV, generator=_gen(44)),
+             "ck": torch.randn(n, 4, CHUNK, dk, device=DEV, generator=_gen(45)),
+             "cv": torch.randn(n, 4, CHUNK, dv, device=DEV, generator=_gen(46)),
+             "cg": -torch.rand(n, 4, CHUNK, device=DEV, generator=_gen(47)),
+             "cb": torch.rand(n, 4, CHUNK, device=DEV, generator=_gen(48)),
+             "ct": 0.1 * torch.randn(n, 4, CHUNK, CHUNK, device=DEV, generator=_gen(49)),
+             "cu": torch.randn(n, 4, CHUNK, dv, device=DEV, generator=_gen(50))}
+    slots = torch.arange(n, device=DEV)
+    dec_ref = {name: t.clone() for name, t in cache.items()}
+    o_ref = ct.chunk_decode_triton(*xs, slots, pos, dec_ref)
+    for warps, bv in (({"prep": 4, "scan": 4, "decode": 4}, {"prep": 32, "scan": 32, "decode": 32}),
+                      ({"prep": 8, "scan": 2, "decode": 2}, {"prep": 16, "scan": 64, "decode": 64})):
+        monkeypatch.setattr(ct, "NUM_WARPS", {**ct.NUM_WARPS, **warps})
+        monkeypatch.setattr(ct, "BV_MAX", {**ct.BV_MAX, **bv})
+        got = ct.chunk_fwd_triton(q, k, v, gg, beta, s0, return_rows=True)
+        for a, b in zip(got, ref):
+            assert torch.equal(a, b), warps
+        dec = {name: t.clone() for name, t in cache.items()}
+        assert torch.equal(ct.chunk_decode_triton(*xs, slots, pos, dec), o_ref), warps
+        for name in dec:
+            assert torch.equal(dec[name], dec_ref[name]), (warps, name)

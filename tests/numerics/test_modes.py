@@ -25,7 +25,7 @@ def test_names_pick_backends_and_default_policies():
         assert type(nx.gdn) is backends[mode]
         experts = "grouped_mm/cpu_torch" if mode == "stock" else "triton_grouped/cpu_rows"
         assert nx.describe() == {"name": mode, "gdn": nx.gdn.name, "experts": experts, "gemm_policy": "adaptive",
-                                 "chunk_decode": "chain"}
+                                 "chunk_dots": "tf32"}
         assert get_numerics(nx) is nx
 
 
@@ -34,15 +34,15 @@ def test_conf_numerics_nodes(mode):
     node = OmegaConf.load(CONF / f"{mode}.yaml")
     nx = get_numerics(node)
     assert nx.describe() == {"name": mode, "gdn": nx.gdn.name, "experts": nx.experts.name, "gemm_policy": node.gemm_policy,
-                             "chunk_decode": node.chunk_decode}
+                             "chunk_dots": node.chunk_dots}
 
 
 def test_mapping_sets_policies_and_rejects_unknown():
-    nx = get_numerics(OmegaConf.create({"name": "bi_chunk", "gemm_policy": "fixed", "chunk_decode": "dot"}))
+    nx = get_numerics(OmegaConf.create({"name": "bi_chunk", "gemm_policy": "fixed", "chunk_dots": "ieee"}))
     assert nx.describe() == {"name": "bi_chunk", "gdn": "aligned_chunk", "experts": "triton_grouped/cpu_rows",
-                             "gemm_policy": "fixed", "chunk_decode": "dot"}
-    assert nx.gdn.decode_kernel == "dot"
-    for bad in ({"name": "bi", "gemm_policy": "fastest"}, {"name": "bi", "chunk_decode": "x"}, {"name": "bi", "policy": "fixed"},
+                             "gemm_policy": "fixed", "chunk_dots": "ieee"}
+    assert nx.gdn.dots == "ieee"
+    for bad in ({"name": "bi", "gemm_policy": "fastest"}, {"name": "bi", "chunk_dots": "x"}, {"name": "bi", "policy": "fixed"},
                 {"name": "nope"}):
         with pytest.raises(ValueError):
             get_numerics(bad)
@@ -62,11 +62,11 @@ def test_gemm_policy_reaches_the_cuda_gemm(monkeypatch):
     assert seen == ["fixed", "hybrid"]
 
 
-def test_chunk_decode_reaches_the_decode_kernel(monkeypatch):
+def test_chunk_dots_reach_the_decode_kernel(monkeypatch):
     seen = []
     stub = types.ModuleType("zeromismatch.ops.gdn.chunk_triton")
     stub.chunk_fwd_triton = None
-    stub.chunk_decode_triton = lambda q, *a, variant: seen.append(variant) or q.new_zeros(q.shape[0], q.shape[1], 4)
+    stub.chunk_decode_triton = lambda q, *a, dots: seen.append(dots) or q.new_zeros(q.shape[0], q.shape[1], 4)
     monkeypatch.setitem(sys.modules, "zeromismatch.ops.gdn.chunk_triton", stub)
     monkeypatch.setattr(aligned_chunk, "on_gpu", lambda x: True)
     heads = GDNHeads(1, 2, 4, 4)
@@ -76,7 +76,7 @@ def test_chunk_decode_reaches_the_decode_kernel(monkeypatch):
             return {}, torch.tensor([0, 1])
 
     lay = SeqLayout.build([0, 1, 2], torch.tensor([5, 70]))
-    for kernel in ("dot", "chain"):
-        gdn = get_numerics({"name": "bi_chunk", "chunk_decode": kernel}).gdn
+    for dots in ("ieee", "tf32"):
+        gdn = get_numerics({"name": "bi_chunk", "chunk_dots": dots}).gdn
         gdn(torch.randn(2, heads.conv_dim), -torch.rand(2, 2), torch.rand(2, 2), heads, lay, View(), 0)
-    assert seen == ["dot", "chain"]
+    assert seen == ["ieee", "tf32"]

@@ -18,7 +18,8 @@ batch-invariant Triton grouped GEMMs on CUDA and per-group invariant GEMMs on th
 Every invariant op dispatches by device itself (ops/device.py): the plain-torch CPU form, or the Triton form on
 CUDA. Two kernel policies come from conf/numerics and travel in the Numerics object (`describe()` lists them):
 - gemm_policy (ops/linear/triton.py): the CUDA GEMM's tile policy, fixed | adaptive | hybrid
-- chunk_decode (ops/gdn/chunk_triton.py): bi_chunk's CUDA decode kernel, chain | dot (| chain_mul_add)
+- chunk_dots (ops/gdn/chunk_triton.py): bi_chunk's CUDA chunked arithmetic, trainer and generator alike: tf32
+  (tensor-core products) | ieee (every sum an fp32 FMA chain)
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ import torch.nn.functional as F
 from ..ops import activations
 from ..ops import linear as invariant_linear
 from ..ops import moe
-from ..ops.attention import blocked_attention, sdpa_attention
-from ..ops.gdn import CHUNK_DECODE_KERNELS, DEFAULT_CHUNK_DECODE, AlignedChunkGDN, ChunkGDN, GDNBackend, RecurrentGDN
+from ..ops.attention import invariant_attention, sdpa_attention
+from ..ops.gdn import CHUNK_DOTS, DEFAULT_CHUNK_DOTS, AlignedChunkGDN, ChunkGDN, GDNBackend, RecurrentGDN
 from ..ops.linear import DEFAULT_GEMM_POLICY, GEMM_POLICIES
 
 MODES = ("stock", "bi", "bi_chunk")
-POLICY_KEYS = ("gemm_policy", "chunk_decode")
+POLICY_KEYS = ("gemm_policy", "chunk_dots")
 
 
 @dataclass(frozen=True)
@@ -54,17 +55,17 @@ class Numerics:
     # routed experts (x, top_w, top_i, gate_up, down) -> [N, H]; ops/moe (a `.name` attribute for describe())
     experts: Callable[..., torch.Tensor] = moe.stock
     gemm_policy: str = DEFAULT_GEMM_POLICY
-    chunk_decode: str = DEFAULT_CHUNK_DECODE
+    chunk_dots: str = DEFAULT_CHUNK_DOTS
 
     def describe(self) -> dict[str, str]:
         """The mode and its kernel policies, as plain values (for run logs and results JSON)."""
         return {"name": self.name, "gdn": self.gdn.name, "experts": self.experts.name, "gemm_policy": self.gemm_policy,
-                "chunk_decode": self.chunk_decode}
+                "chunk_dots": self.chunk_dots}
 
 
 def get_numerics(spec: str | Numerics | Mapping[str, Any] = "stock") -> Numerics:
     """A Numerics from a mode name, a Numerics (returned as is), or a mapping like conf/numerics/<mode>.yaml
-    (`{name, gemm_policy, chunk_decode}`; a DictConfig works)."""
+    (`{name, gemm_policy, chunk_dots}`; a DictConfig works)."""
     if isinstance(spec, Numerics):
         return spec
     if isinstance(spec, str):
@@ -77,16 +78,16 @@ def get_numerics(spec: str | Numerics | Mapping[str, Any] = "stock") -> Numerics
     if unknown:
         raise ValueError(f"unknown numerics keys {unknown}; known: name, {', '.join(POLICY_KEYS)}")
     gemm_policy = options.get("gemm_policy") or DEFAULT_GEMM_POLICY
-    chunk_decode = options.get("chunk_decode") or DEFAULT_CHUNK_DECODE
+    chunk_dots = options.get("chunk_dots") or DEFAULT_CHUNK_DOTS
     if gemm_policy not in GEMM_POLICIES:
         raise ValueError(f"gemm_policy must be one of {GEMM_POLICIES}, got {gemm_policy!r}")
-    if chunk_decode not in CHUNK_DECODE_KERNELS:
-        raise ValueError(f"chunk_decode must be one of {CHUNK_DECODE_KERNELS}, got {chunk_decode!r}")
-    policies = dict(gemm_policy=gemm_policy, chunk_decode=chunk_decode)
+    if chunk_dots not in CHUNK_DOTS:
+        raise ValueError(f"chunk_dots must be one of {CHUNK_DOTS}, got {chunk_dots!r}")
+    policies = dict(gemm_policy=gemm_policy, chunk_dots=chunk_dots)
     if name == "stock":
         return Numerics("stock", ChunkGDN(), F.linear, F.silu, torch.sigmoid, F.softplus, sdpa_attention, **policies)
     if name in ("bi", "bi_chunk"):
-        gdn = RecurrentGDN() if name == "bi" else AlignedChunkGDN(decode_kernel=chunk_decode)
+        gdn = RecurrentGDN() if name == "bi" else AlignedChunkGDN(dots=chunk_dots)
         return Numerics(
             name,
             gdn,
@@ -94,7 +95,7 @@ def get_numerics(spec: str | Numerics | Mapping[str, Any] = "stock") -> Numerics
             activations.silu,
             activations.sigmoid,
             activations.softplus,
-            partial(blocked_attention, matmul=invariant_linear.bmm),
+            invariant_attention,
             moe.invariant,
             **policies,
         )

@@ -1,9 +1,12 @@
 """Patches to Triton's interpreter (triton 3.6) for checking this repo's CUDA forms on a CPU (debugging tools:
 imported only under TRITON_INTERPRET=1, by tests and experiments/gpu; the package never imports it).
 
-- `emulate_gpu_arithmetic()`: fp32 `tl.dot` as a sequential multiply-add chain over K (what the GPU's FMA
-  lowering computes; float64 products rounded to fp32 per step), `tl.fma` with one rounding, and loop bounds
-  passed as kernel arguments under numpy >= 2. Bit-level checks (decode == chunked rows) need it.
+- `emulate_gpu_arithmetic()`: fp32 and bf16 `tl.dot` as a sequential multiply-add chain over K into an fp32
+  accumulator (what the GPU's FMA lowering computes for "ieee"; float64 products rounded to fp32 per step; the
+  interpreter's own bf16 dot multiplies the raw bits), `tl.fma` with one rounding, and loop bounds passed as
+  kernel arguments under numpy >= 2. Tensor-core dots (tf32, bf16) are not emulated bit for bit: the chain is a
+  row- and tile-independent stand-in with their accuracy or better, so bit-level checks (decode == the full
+  pass's rows) test a kernel's logic here and its bits on the GPU.
 - `check_bounds()`: a bounds checker, what compute-sanitizer's memcheck does on a GPU. Every load, store and
   atomic a kernel issues on an unmasked lane must fall inside the storage of one of that launch's tensor
   arguments; anything else raises `OutOfBounds` naming the kernel, the program id, the access and the nearest
@@ -25,10 +28,17 @@ import triton.runtime.interpreter as interp
 _dot = interp.InterpreterBuilder.create_dot
 
 
+def _values(h) -> np.ndarray:
+    """An interpreter tensor's values as float64 (bf16 is stored as its uint16 bits)."""
+    if h.dtype == interp.tl.bfloat16:
+        return (h.data.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return h.data.astype(np.float64)
+
+
 def _sequential_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-    if a.data.dtype != np.float32:
+    if a.data.dtype != np.float32 and a.dtype != interp.tl.bfloat16:
         return _dot(self, a, b, d, input_precision, max_num_imprecise_acc)
-    x, y = a.data.astype(np.float64), b.data.astype(np.float64)
+    x, y = _values(a), _values(b)
     acc = d.data.astype(np.float32).copy()
     for i in range(x.shape[-1]):
         acc = (x[..., :, i : i + 1] * y[..., i : i + 1, :] + acc).astype(np.float32)

@@ -50,7 +50,7 @@ def write_model_dir(model, out_dir: str | Path, architecture: str = ARCHITECTURE
     hf["architectures"] = [architecture]
     cfg_file.write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     nx = model.numerics.describe()
-    (out / NUMERICS_FILE).write_text(json.dumps({k: nx[k] for k in ("name", "gemm_policy", "chunk_decode")}) + "\n")
+    (out / NUMERICS_FILE).write_text(json.dumps({k: nx[k] for k in ("name", "gemm_policy", "chunk_dots")}) + "\n")
     return out
 
 

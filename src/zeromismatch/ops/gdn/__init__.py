@@ -5,9 +5,10 @@
 - recurrent.py        backend `recurrent` (bi): recurrent forward everywhere, chunked backward
 - aligned_chunk.py    backend `aligned_chunk` (bi_chunk): chunked everywhere, decode aligned to 64-token chunks
 - recurrent_triton.py, chunk_triton.py   the CUDA kernels (imported lazily: CPU machines have no triton)
-- autograd.py         ChunkedBackward: a kernel's forward differentiated through the chunked torch form
+- autograd.py         chunk_reference: the chunked torch form every mode differentiates (ops/autograd.py
+                      backward_through trains the kernels' forwards through it)
 - base.py             the backend interface (GDNBackend, GDNHeads, GDNStateView)
-- constants.py        CHUNK, the decode kernel names
+- constants.py        CHUNK, the chunked kernels' arithmetics (CHUNK_DOTS)
 
 Each backend answers `cache_spec` (the per-slot state the generator allocates), `train` and `cached`; numerics
 picks one per mode, and the model calls it.
@@ -16,7 +17,7 @@ picks one per mode, and the model calls it.
 from .aligned_chunk import AlignedChunkGDN
 from .base import GDNBackend, GDNHeads, GDNStateView, StateSpec
 from .chunk import ChunkGDN
-from .constants import CHUNK, CHUNK_DECODE_KERNELS, DEFAULT_CHUNK_DECODE
+from .constants import CHUNK, CHUNK_DOTS, DEFAULT_CHUNK_DOTS
 from .recurrent import RecurrentGDN
 
 # backend class by GDN form name
@@ -25,8 +26,8 @@ BACKENDS: dict[str, type[GDNBackend]] = {cls.name: cls for cls in (ChunkGDN, Rec
 __all__ = [
     "BACKENDS",
     "CHUNK",
-    "CHUNK_DECODE_KERNELS",
-    "DEFAULT_CHUNK_DECODE",
+    "CHUNK_DOTS",
+    "DEFAULT_CHUNK_DOTS",
     "AlignedChunkGDN",
     "ChunkGDN",
     "GDNBackend",

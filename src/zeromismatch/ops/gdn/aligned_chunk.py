@@ -10,7 +10,8 @@ as the chunked form computes it, in chunks aligned to 64-token boundaries from t
 
 Why a decode token equals the trainer's bits: row t of a chunk only reads rows <= t, and every product has the
 chunk's fixed shape, so the chunk computed with the rows after t missing (zero) gives the same row t
-(naive.py; on CUDA every sum is one fixed FMA chain, chunk_triton.py). Cache (fp32 state at the last boundary
+(naive.py; on CUDA every sum is a product whose rows do not depend on the tile, tensor-core tf32 by default,
+chunk_triton.py). Cache (fp32 state at the last boundary
 plus the open chunk): on CPU the open chunk's per-token inputs (conv outputs, g, beta), recomputed from the
 boundary state each call; on CUDA the rows the chunked kernels compute for it (prepared k, v, g, beta, rows of
 (I + A)^-1, u), so the decode kernel appends one row without recomputing the others.
@@ -22,11 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..autograd import backward_through
 from ..device import on_gpu
 from ..varlen import SeqLayout
-from .autograd import chunk_reference, chunked_backward
+from .autograd import chunk_reference
 from .base import GDNBackend, GDNHeads, GDNStateView, StateSpec, ssm_spec
-from .constants import CHUNK, CHUNK_DECODE_KERNELS, DEFAULT_CHUNK_DECODE
+from .constants import CHUNK, CHUNK_DOTS, DEFAULT_CHUNK_DOTS
 from .naive import chunk_fwd, chunk_output, to_chunks
 
 
@@ -43,14 +45,11 @@ def _new_rows_index(r: torch.Tensor, num_new: int, width: int) -> torch.Tensor:
     return (r[:, None] + torch.arange(num_new, device=r.device)[None, :]).clamp(max=width - 1)
 
 
-def chunk_train_triton(q, k, v, g, beta, state):
+def chunk_train_triton(q, k, v, g, beta, state, dots: str = DEFAULT_CHUNK_DOTS):
     """chunk_triton's output over whole chunks, differentiable (chunked torch backward)."""
     from .chunk_triton import chunk_fwd_triton  # lazy: CPU machines have no triton
 
-    xs = (q, k, v, g, beta, state)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-        return chunked_backward(lambda *a: chunk_fwd_triton(*a)[0], chunk_reference, *xs)
-    return chunk_fwd_triton(*xs)[0]
+    return backward_through(lambda *a: chunk_fwd_triton(*a, dots=dots)[0], chunk_reference, q, k, v, g, beta, state)
 
 
 def _cached_torch(mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDNStateView, layer_idx: int):
@@ -90,7 +89,7 @@ def _cached_torch(mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDNS
 
 
 def _cached_triton(mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDNStateView, layer_idx: int,
-                   decode_kernel: str):
+                   dots: str):
     """CUDA: decode-only calls append one row per sequence with the fused kernel (equal to the chunked forward's
     row bit for bit), in place in the cache; other calls run the chunked forward over [cached rows, new tokens]
     from the boundary state and store the new open chunk's rows."""
@@ -101,7 +100,7 @@ def _cached_triton(mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDN
     r = layout.start_pos % CHUNK  # rows already in the open chunk
     if layout.decode_only:
         return chunk_decode_triton(q[:, :, 0], k[:, :, 0], v[:, :, 0], gg[:, :, 0], bb[:, :, 0], slots, r, store,
-                                   variant=decode_kernel)
+                                   dots=dots)
     b, hv, width_new = q.shape[0], q.shape[1], q.shape[2]
     n = layout.lengths
     # one chunk past the last token (the new open chunk); from the host's start positions and lengths
@@ -120,7 +119,7 @@ def _cached_triton(mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDN
     ks, vs = place(cached["ck"], k), place(cached["cv"], v)
     gs, bs = place(cached["cg"], gg), place(cached["cb"], bb)
     qs = place(torch.zeros_like(cached["ck"]), q)  # earlier rows' outputs are not recomputed: q = 0 there
-    o, states, tm, u = chunk_fwd_triton(qs, ks, vs, gs, bs, store["ssm"][slots], return_rows=True)
+    o, states, tm, u = chunk_fwd_triton(qs, ks, vs, gs, bs, store["ssm"][slots], return_rows=True, dots=dots)
     out_idx = _new_rows_index(r, width_new, width)
     o = o.gather(2, out_idx[:, None, :, None].expand(b, hv, width_new, o.shape[-1]))
     full = (r + n) // CHUNK  # index of the new open chunk
@@ -140,11 +139,11 @@ def _cached_triton(mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDN
 @dataclass(frozen=True)
 class AlignedChunkGDN(GDNBackend):
     name = "aligned_chunk"
-    decode_kernel: str = DEFAULT_CHUNK_DECODE  # the CUDA decode kernel, one of CHUNK_DECODE_KERNELS
+    dots: str = DEFAULT_CHUNK_DOTS  # the CUDA kernels' products, one of CHUNK_DOTS (trainer and generator alike)
 
     def __post_init__(self):
-        if self.decode_kernel not in CHUNK_DECODE_KERNELS:
-            raise ValueError(f"chunk_decode must be one of {CHUNK_DECODE_KERNELS}, got {self.decode_kernel!r}")
+        if self.dots not in CHUNK_DOTS:
+            raise ValueError(f"chunk_dots must be one of {CHUNK_DOTS}, got {self.dots!r}")
 
     def cache_spec(self, heads: GDNHeads, device, dtype: torch.dtype) -> StateSpec:
         hv, dk, dv = heads.num_v_heads, heads.k_dim, heads.v_dim
@@ -161,12 +160,12 @@ class AlignedChunkGDN(GDNBackend):
         q, k, v, gg, bb = heads.prepare_packed(mixed, g, beta, layout)
         state = q.new_zeros(layout.num_seqs, heads.num_v_heads, heads.k_dim, heads.v_dim)
         if on_gpu(mixed):
-            o = chunk_train_triton(*to_chunks(q, k, v, gg, bb), state)[:, :, : q.shape[2]]
+            o = chunk_train_triton(*to_chunks(q, k, v, gg, bb), state, dots=self.dots)[:, :, : q.shape[2]]
         else:
             o = chunk_output(q, k, v, gg, bb, state)
         return layout.to_packed(o.transpose(1, 2))
 
     def cached(self, mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDNStateView, layer_idx: int) -> torch.Tensor:
         if on_gpu(mixed):
-            return _cached_triton(mixed, g, beta, heads, layout, view, layer_idx, self.decode_kernel)
+            return _cached_triton(mixed, g, beta, heads, layout, view, layer_idx, self.dots)
         return _cached_torch(mixed, g, beta, heads, layout, view, layer_idx)

@@ -1,8 +1,6 @@
-"""The one GDN training wrapper: a forward that autograd cannot (or should not) trace, differentiated through
-the chunked torch form.
-
-`chunk_reference` is that form as the trainer runs it (its scan over chunks a Triton kernel pair on CUDA when
-TRITON_SCAN is on, scan_triton.py); stock trains through it directly. ChunkedBackward is used where the forward is not that form:
+"""The GDN form every mode differentiates: `chunk_reference`, the chunked torch form as the trainer runs it (its
+scan over chunks a Triton kernel pair on CUDA when TRITON_SCAN is on, scan_triton.py). stock trains through it
+directly; the other forwards train through it with ops.autograd.backward_through:
 - `bi` (the published method): the recurrent forward, bitwise the generator's decode arithmetic.
   Backpropagating through the T-step loop would keep T copies of the state.
 - the Triton kernels (recurrent_triton.py, chunk_triton.py): no autograd of their own.
@@ -13,39 +11,8 @@ rounding (tests/ops/test_gdn.py), the published method's choice too.
 
 from __future__ import annotations
 
-from typing import Callable
-
-import torch
-
 from ..device import on_gpu
 from .naive import chunk_output
-
-
-class ChunkedBackward(torch.autograd.Function):
-    """o = forward(*xs), computed without a graph; the backward recomputes reference(*xs) (the differentiable
-    chunked torch form of the same function, same output layout) and differentiates that."""
-
-    @staticmethod
-    def forward(ctx, forward: Callable, reference: Callable, *xs):
-        ctx.save_for_backward(*xs)
-        ctx.reference = reference
-        return forward(*xs)
-
-    @staticmethod
-    def backward(ctx, grad_o):
-        inputs = ctx.saved_tensors
-        needs = ctx.needs_input_grad[2:]
-        with torch.enable_grad():
-            leaves = [x.detach().requires_grad_(needs[i]) for i, x in enumerate(inputs)]
-            o = ctx.reference(*leaves)
-            wrt = [x for i, x in enumerate(leaves) if needs[i]]
-            got = iter(torch.autograd.grad(o, wrt, grad_o) if wrt else [])
-        return (None, None, *(next(got) if needs[i] else None for i in range(len(inputs))))
-
-
-def chunked_backward(forward: Callable, reference: Callable, *xs: torch.Tensor) -> torch.Tensor:
-    """forward(*xs), differentiable through reference(*xs)."""
-    return ChunkedBackward.apply(forward, reference, *xs)
 
 
 # the trainer's scan over chunks on CUDA: scan_triton's kernels (tf32 dots, as FLA's chunk kernels use; within

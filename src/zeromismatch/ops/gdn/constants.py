@@ -4,6 +4,7 @@ a chunk boundary, where bi_chunk's open chunk is empty."""
 
 CHUNK = 64
 
-# bi_chunk's CUDA decode kernels (chunk_triton.py says what each computes); conf/numerics `chunk_decode` picks one
-CHUNK_DECODE_KERNELS = ("chain", "dot", "chain_mul_add")
-DEFAULT_CHUNK_DECODE = "chain"
+# bi_chunk's chunked arithmetic on CUDA, trainer and generator alike (chunk_triton.py says what each computes);
+# conf/numerics `chunk_dots` picks one: tensor-core tf32 products, or every sum an fp32 FMA chain
+CHUNK_DOTS = ("tf32", "ieee")
+DEFAULT_CHUNK_DOTS = "tf32"

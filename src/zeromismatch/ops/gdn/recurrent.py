@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..autograd import backward_through
 from ..device import on_gpu
 from ..varlen import SeqLayout, padded_index, to_padded
-from .autograd import chunk_reference, chunked_backward
+from .autograd import chunk_reference
 from .base import GDNBackend, GDNHeads, GDNStateView
 from .constants import CHUNK
 from .naive import prepare_qk, recurrent_fwd
@@ -31,7 +32,7 @@ def _recurrent_output(q, k, v, g, beta, state):
 
 def recurrent_train(q, k, v, g, beta, state):
     """Inputs as naive.recurrent_fwd (kernel layout). Differentiable: recurrent forward, chunked backward."""
-    return chunked_backward(_recurrent_output, chunk_reference, q, k, v, g, beta, state)
+    return backward_through(_recurrent_output, chunk_reference, q, k, v, g, beta, state)
 
 
 def chunk_reference_packed(q, k, v, g, beta, cu_seqlens: list[int]):
@@ -60,9 +61,7 @@ def recurrent_train_triton(q, k, v, g, beta, cu_seqlens: list[int]):
     def reference(q, k, v, g, beta):
         return chunk_reference_packed(q, k, v, g, beta, cu_seqlens)
 
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, g, beta)):
-        return chunked_backward(forward, reference, q, k, v, g, beta)
-    return forward(q, k, v, g, beta)
+    return backward_through(forward, reference, q, k, v, g, beta)
 
 
 def recurrent_cached(mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDNStateView, layer_idx: int):

@@ -17,7 +17,7 @@ Invariance: a program's arithmetic depends only on its own sequence; every call 
 varies between calls (token counts, strides) is specialized. Splitting a sequence across calls with the fp32
 state carried is therefore exact.
 
-Training (recurrent.py) wraps it in autograd.ChunkedBackward: the backward differentiates the chunked torch form.
+Training (recurrent.py) wraps it in ops.autograd.backward_through: the backward differentiates the chunked torch form.
 """
 
 from __future__ import annotations
