@@ -74,6 +74,9 @@ CONFIGS = {
     "f32_s": Cfg(32, 64, BLOCK_K_FP32, 4, 3),
     "f32_l": Cfg(128, 128, BLOCK_K_FP32, 8, 3),
     "f32_m": Cfg(128, 64, BLOCK_K_FP32, 8, 3),
+    # decode rows (M <= 16): a 16-row tile does a quarter of f32's FMAs on padding rows; at the fp32 lm_head's
+    # decode shape (M = 1, K = 4096, N = 248320) f32's 64-row tile makes the FMAs, not the weight bytes, the cost
+    "f32_d": Cfg(16, 64, BLOCK_K_FP32, 4, 4),
 }
 
 
@@ -94,8 +97,8 @@ def _tma_ok(x: torch.Tensor, w: torch.Tensor, n: int) -> bool:
 def pick(m: int, n: int, k: int, dtype: torch.dtype, tma_ok: bool, policy: str = DEFAULT_GEMM_POLICY) -> str:
     if policy == "hybrid":
         policy = "adaptive"
-    if dtype == torch.float32:
-        return "f32"
+    if dtype == torch.float32:  # ieee FMA chains: every config the same bits by construction
+        return "f32_d" if policy != "fixed" and m <= 16 else "f32"
     if policy == "fixed":
         name = "m128" if n >= 128 else ("s64" if n > 32 else ("s32" if n > 16 else "s16"))
         # pointer loads whatever the shape: the path must not depend on M either
