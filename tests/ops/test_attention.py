@@ -1,5 +1,3 @@
-import importlib
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -49,13 +47,11 @@ def flash():
     are checked on the GPU (tests/gpu/test_gpu_attention.py)."""
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs the compiled kernel (tests/gpu/test_gpu_attention.py)")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        pytest.importorskip("triton")
-        from zeromismatch.ops.interpreter import emulate_gpu_arithmetic
+    pytest.importorskip("triton")
+    from zeromismatch.ops.interpreter import interpreted
 
-        with emulate_gpu_arithmetic():
-            yield importlib.import_module("zeromismatch.ops.attention.flash_triton")
+    with interpreted("zeromismatch.ops.attention.flash_triton") as module:
+        yield module
 
 
 @pytest.mark.parametrize("hq,hkv,d", [(4, 2, 32), (3, 1, 40), (2, 2, 16)])

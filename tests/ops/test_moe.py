@@ -4,7 +4,6 @@ the call, experts without tokens included); stock's torch._grouped_mm form (its 
 grouped kernels (under TRITON_INTERPRET=1, fp32) match naive forward and backward. tests/gpu/test_gpu_moe.py
 runs the compiled kernels in bf16."""
 
-import importlib
 
 import pytest
 import torch
@@ -155,13 +154,11 @@ def gt():
     replaces it by the sequential multiply-add chain over K that the GPU's FMA lowering runs."""
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs the compiled kernels (tests/gpu/test_gpu_moe.py)")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        pytest.importorskip("triton")
-        from zeromismatch.ops.interpreter import emulate_gpu_arithmetic
+    pytest.importorskip("triton")
+    from zeromismatch.ops.interpreter import interpreted
 
-        with emulate_gpu_arithmetic():
-            yield importlib.import_module("zeromismatch.ops.moe.grouped_triton")
+    with interpreted("zeromismatch.ops.moe.grouped_triton") as module:
+        yield module
 
 
 @pytest.mark.parametrize("shape", SHAPES[:4])

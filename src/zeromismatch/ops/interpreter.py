@@ -13,13 +13,16 @@ imported only under TRITON_INTERPRET=1, by tests and experiments/gpu; the packag
   argument. On a GPU such an access reads or writes another allocation, or faults ("an illegal memory access")
   once it leaves the caching allocator's segments: a fault is asynchronous and names no kernel, this names it.
 
-Both are context managers that undo their patches on exit. Set TRITON_INTERPRET=1 before importing zeromismatch
+Both are context managers that undo their patches on exit; `interpreted(module)` imports a kernel module under
+both TRITON_INTERPRET=1 and the arithmetic emulation (the interpreted tests' fixture). Set TRITON_INTERPRET=1 before importing zeromismatch
 (ops.device reads it at import) and before a kernel module is imported (its kernels are decorated then).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
 import threading
 
 import numpy as np
@@ -73,6 +76,24 @@ def emulate_gpu_arithmetic():
     with _patched(interp.InterpreterBuilder, create_dot=_sequential_dot, create_fma=fma), \
             _patched(interp._LangPatchScope, set_attr=set_attr_np2):
         yield
+
+
+@contextlib.contextmanager
+def interpreted(module: str):
+    """`module` (a kernel module's dotted name) with its kernels interpreted and GPU-order arithmetic: sets
+    TRITON_INTERPRET=1 (read when a kernel is decorated and again at launch) for the duration, restored after;
+    zeromismatch.ops.device read it at import, so the other ops keep their CPU forms. For tests that call one
+    kernel module's functions directly."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        with emulate_gpu_arithmetic():
+            yield importlib.import_module(module)
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
 
 
 class OutOfBounds(RuntimeError):
