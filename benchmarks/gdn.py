@@ -12,6 +12,7 @@ trainer; K = V = 128 unless named).
 - chunk_grad: forward + backward of the chunked form the trainer differentiates (ops/gdn/autograd.py
   chunk_reference) with its scan over chunks as the torch loop vs the Triton kernel pair (scan_triton.py, tf32
   and ieee), one sequence of 4096 tokens and all 8 packed; the tf32 gradient's relative error against ieee
+- settings: the tf32 kernels' launch settings (decode: warps x value block; forward: prep / scan warps)
 """
 
 import torch
@@ -160,11 +161,49 @@ def chunk_grad():
     return r
 
 
+def settings():
+    """tf32 launch settings (any gives the same bits: tests/gpu): the decode step (mean over a chunk's 64
+    positions) by warps x value block, and the chunked forward by the prep / scan kernels' warps."""
+    from zeromismatch.ops.gdn import CHUNK
+    from zeromismatch.ops.gdn import chunk_triton as ct
+
+    r, saved = {}, (dict(ct.NUM_WARPS), dict(ct.BV_MAX))
+    q, k, v, gg, beta = (x[:, :, 0].contiguous() for x in prepared_inputs(N_SEQ, HEADS, 1, seed=5))
+    caches = [open_chunk_cache(N_SEQ, HEADS, seed=i) for i in range(4)]
+    slots = torch.arange(N_SEQ, device=DEV)
+    steps = [torch.full((N_SEQ,), t, device=DEV) for t in range(CHUNK)]
+    floor = state_floor(caches)
+    try:
+        for warps in (2, 4, 8):
+            for bv in (16, 32, 64, 128):
+                ct.NUM_WARPS["decode"], ct.BV_MAX["decode"] = warps, bv
+                ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps]
+                                  for c in caches], reps=2) / CHUNK
+                r[f"decode_w{warps}_bv{bv}_chunk_mean_over_floor"] = ms / floor
+        ct.NUM_WARPS.update(saved[0])
+        ct.BV_MAX.update(saved[1])
+        pq, pk, pv, pg, pb = prepared_inputs(2, HEADS, T_TRAIN, seed=7)
+        s0 = torch.zeros(2, HEADS, 128, 128, device=DEV)
+        for prep_w in (4, 8, 16):
+            for scan_w, scan_bv in ((4, 32), (8, 16), (8, 64), (4, 128)):
+                ct.NUM_WARPS["prep"], ct.NUM_WARPS["scan"], ct.BV_MAX["scan"] = prep_w, scan_w, scan_bv
+                r[f"fwd_2x4096_prep_w{prep_w}_scan_w{scan_w}_bv{scan_bv}_ms"] = bench(
+                    lambda: ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0), warmup=2, rep=10)
+    finally:
+        ct.NUM_WARPS.update(saved[0])
+        ct.BV_MAX.update(saved[1])
+    return r
+
+
 def main():
-    args = parse_args(__doc__)
+    args = parse_args(__doc__, lambda ap: ap.add_argument(
+        "--sections", default="recurrent,chunk_decode,chunk_train,chunk_grad,settings"))
     res = {}
+    only = set(args.sections.split(","))
     for name, fn in (("recurrent", recurrent), ("chunk_decode", chunk_decode), ("chunk_train", chunk_train),
-                     ("chunk_grad", chunk_grad)):
+                     ("chunk_grad", chunk_grad), ("settings", settings)):
+        if name not in only:
+            continue
         log("gdn", name)
         res[name] = fn()
         write_json(args, "gdn", res)

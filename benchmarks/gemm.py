@@ -4,7 +4,8 @@
 - train: M 4096 / 16384 at the 9B-class shapes, eager do_bench (launch overhead negligible)
 - decode: M 1-256, GPU time from CUDA-graph replay over 4 rotating weight copies (eager timing of a ~20 us
   kernel measures the Python launch path: `decode_eager` shows it), plus alternative configs (same bits)
-- lm_head_fp32: M x 1024 x 32768 in fp32, our FMA kernel's configs vs torch fp32
+- lm_head_fp32: fp32 lm_head shapes (qwen3_5_mid's and the 9B's vocab), our FMA kernel's configs and
+  candidates (wider tiles; tf32x3: accuracy, same bits across configs) vs torch fp32 (--sections picks parts)
 Ratios are ours / cuBLAS.
 """
 
@@ -66,15 +67,42 @@ def decode_shapes(linear_raw, pick, tma_ok):
     return out, eager
 
 
+def fp32_candidates():
+    """fp32 configs beyond CONFIGS: wider ieee tiles, and tf32x3 (three tensor-core tf32 products per dot, about
+    fp32 accurate) whose bits differ from ieee's but, like every tensor-core dot, should not differ between
+    configs (checked here)."""
+    from zeromismatch.ops.linear.triton import Cfg
+
+    return {"ieee_128x128x16_w8": Cfg(128, 128, 16, 8, 4), "ieee_128x256x16_w8": Cfg(128, 256, 16, 8, 3),
+            "ieee_64x128x32_w4": Cfg(64, 128, 32, 4, 3),
+            "x3_128x128x32_w8": Cfg(128, 128, 32, 8, 3, prec="tf32x3"),
+            "x3_128x64x32_w4": Cfg(128, 64, 32, 4, 3, prec="tf32x3"),
+            "x3_64x64x32_w4": Cfg(64, 64, 32, 4, 3, prec="tf32x3"),
+            "x3_16x64x32_w4": Cfg(16, 64, 32, 4, 4, prec="tf32x3")}
+
+
 def lm_head_fp32(linear_raw):
-    out = {}
-    for m in (1, 64, 2048):
-        x, w = rand(m, 1024, dtype=torch.float32, seed=14), rand(32768, 1024, dtype=torch.float32, seed=15, scale=0.02)
+    out, cands = {}, fp32_candidates()
+    for m, k, n in ((1, 1024, 32768), (16, 1024, 32768), (2048, 1024, 32768), (4096, 1024, 32768), (1, 4096, 248320),
+                    (4096, 4096, 248320)):
+        x, w = rand(m, k, dtype=torch.float32, seed=14), rand(n, k, dtype=torch.float32, seed=15, scale=0.02)
         r = {"torch_fp32_ms": bench(lambda: F.linear(x, w))}
-        for c in ("f32", "f32_s", "f32_l", "f32_m"):
-            r[c + "_ms"] = bench(lambda: linear_raw(x, w, c))
+        ref = (x.double() @ w.double().t()) if m * n <= 2048 * 32768 else None
+        x3_bits = None
+        for c in ("f32", "f32_s", "f32_l", "f32_m", "f32_d", *cands):
+            cfg = cands.get(c, c)
+            if m > 16 and c in ("f32_d", "x3_16x64x32_w4"):
+                continue
+            r[c + "_ms"] = bench(lambda: linear_raw(x, w, cfg))
+            y = linear_raw(x, w, cfg)
+            if ref is not None:
+                r[c + "_rel_err"] = float((y.double() - ref).norm() / ref.norm())
+            if c.startswith("x3"):  # tf32x3: the same bits in every config, and for a row alone
+                x3_bits = y if x3_bits is None else x3_bits
+                r[c + "_same_bits"] = bool(torch.equal(y, x3_bits)) and bool(torch.equal(linear_raw(x[:1], w, cfg), y[:1]))
         r["ratio_f32"] = r["f32_ms"] / r["torch_fp32_ms"]
-        out[f"M{m}_K1024_N32768"] = r
+        out[f"M{m}_K{k}_N{n}"] = r
+        log("lm_head_fp32", m, k, n, {a: round(v, 3) for a, v in r.items() if a.endswith("_ms")})
     return out
 
 
@@ -83,13 +111,15 @@ def geomean(vals):
 
 
 def main():
-    args = parse_args(__doc__)
+    args = parse_args(__doc__, lambda ap: ap.add_argument("--sections", default="ceilings,train,decode,lm_head_fp32"))
     from zeromismatch.ops.linear.triton import _tma_ok, linear_raw, pick
 
-    res = {}
+    res, only = {}, set(args.sections.split(","))
     for name, fn in (("ceilings", ceilings), ("train", lambda: train_shapes(linear_raw, pick, _tma_ok)),
                      ("decode", lambda: decode_shapes(linear_raw, pick, _tma_ok)),
                      ("lm_head_fp32", lambda: lm_head_fp32(linear_raw))):
+        if name not in only:
+            continue
         log("gemm", name)
         r = fn()
         if name == "decode":

@@ -5,7 +5,7 @@
 #   bash benchmarks/run_h200.sh COMMIT        (the device copy of the tree may have no .git: pass the commit)
 # TESTS (pytest arguments, default tests/gpu; none: no tests) and BENCH (which benchmarks, default "parity gdn gemm model moe
 # attention"; add trainer and generator, or set WITH_TRAINER / WITH_GENERATOR) select a smaller run; ARGS_<name>
-# adds arguments to one benchmark (ARGS_trainer="--models qwen3_5_mid --reps 2").
+# adds arguments to one benchmark (ARGS_trainer="--models qwen3_5_mid --reps 2"), LIMIT_<name> sets its time limit.
 # Writes to $OUT: log.txt, pytest_gpu.txt, parity_presets.json, parity_sweep.json, gdn.json, gemm.json,
 # model_forward.json, moe.json, h200_trainer.json + .png (WITH_TRAINER=1: benchmarks/trainer.py, over 4 minutes:
 # qwen3_5_mid alone took 220 s), h200_generator.json + .png (the generator's decode vs its memory floor: benchmarks/generator.py,
@@ -42,6 +42,7 @@ declare -A LIMIT=([parity]=110 [gdn]=60 [gemm]=50 [model]=40 [moe]=90 [attention
 for b in $BENCH; do
     extra="ARGS_$b"  # e.g. ARGS_trainer="--models qwen3_5_mid --reps 2"
     # shellcheck disable=SC2086
-    step "${LIMIT[$b]:-120}" "$b" python "benchmarks/$b.py" --out "$OUT" --commit "$COMMIT" ${!extra:-}
+    limit="LIMIT_$b"  # e.g. LIMIT_gemm=120 (seconds)
+    step "${!limit:-${LIMIT[$b]:-120}}" "$b" python "benchmarks/$b.py" --out "$OUT" --commit "$COMMIT" ${!extra:-}
 done
 echo "== done in ${SECONDS}s" | tee -a "$log"

@@ -6,6 +6,7 @@ or decode step that computes it, the other sequences, or what the cache holds pa
 import pytest
 import torch
 import torch.nn.functional as F
+from triton.runtime.errors import OutOfResources
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -73,13 +74,17 @@ def test_every_launch_setting_gives_the_same_bits(hq, hkv, d):
     q, k, v = _qkv(2, hq, hkv, 260, d, seed=3)
     pos = torch.arange(260, device=DEV).expand(2, -1)
     ref = attention_fwd(q, k, v, pos, 0.06)
+    ran = 0
     for rows in (16, 32, 64, 128):
         for warps in (4, 8):
-            for stages in (1, 3):
-                if rows == 128 and d == 256 and warps == 4:
-                    continue  # more registers than a block has
-                got = attention_fwd(q, k, v, pos, 0.06, rows=rows, num_warps=warps, num_stages=stages)
+            for stages in (1, 2, 3):
+                try:
+                    got = attention_fwd(q, k, v, pos, 0.06, rows=rows, num_warps=warps, num_stages=stages)
+                except OutOfResources:  # a setting whose tiles do not fit the shared memory: nothing to compare
+                    continue
                 assert torch.equal(got, ref), (rows, warps, stages)
+                ran += 1
+    assert ran >= 12
     one = attention_fwd(q[:, :, 200:201], k, v, pos[:, 200:201], 0.06)
     for warps in (1, 2, 8):
         got = attention_fwd(q[:, :, 200:201], k, v, pos[:, 200:201], 0.06, num_warps=warps)
@@ -93,7 +98,10 @@ def test_trains_through_sdpa():
 
     q, k, v = (x.requires_grad_() for x in _qkv(2, 16, 4, 200, 256, seed=4))
     pos = torch.arange(200, device=DEV).expand(2, -1)
-    out, ref = attention(q, k, v, pos, 0.0625), sdpa_attention(q, k, v, pos, 0.0625)
+    out, ref = attention(q, k, v, pos, 0.0625, causal=True), sdpa_attention(q, k, v, pos, 0.0625, causal=True)
+    assert torch.equal(out, attention(q, k, v, pos, 0.0625))  # causal changes only the backward's SDPA call
+    masked = sdpa_attention(q, k, v, pos, 0.0625)
+    assert float((masked - ref).float().norm() / ref.float().norm()) < 1e-2
     assert float((out - ref).float().norm() / ref.float().norm()) < 2e-2
     w = torch.randn_like(out)
     # SDPA's own backward, recomputed (its kernels may add in a run-dependent order: compared to a tolerance)

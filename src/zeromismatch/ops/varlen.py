@@ -110,6 +110,11 @@ class SeqLayout:
         return self.cu_seqlens[-1] == self.num_seqs
 
     @property
+    def from_start(self) -> bool:
+        """Every sequence starts at position 0 (host fact): its padded positions are 0..n-1, then padding."""
+        return self.start_host is not None and not any(self.start_host)
+
+    @property
     def padded_positions(self) -> torch.Tensor:
         """[B, L] absolute positions, -1 at padding."""
         ar = torch.arange(self.valid.shape[1], device=self.valid.device)

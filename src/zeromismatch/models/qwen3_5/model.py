@@ -186,8 +186,9 @@ class GatedAttention(nn.Module):
             ctx.cache.write_kv(self.layer_idx, k, v, lay)
             kk, vv = ctx.cache.read_kv(self.layer_idx, lay)
         qq = lay.to_padded(q).transpose(1, 2)
+        # causal: query i sees keys 0..i (the trainer's pass, every sequence from position 0, no cache)
         o = nx.attention(qq, kk.transpose(1, 2), vv.transpose(1, 2), lay.padded_positions, 1.0 / math.sqrt(self.d),
-                         single_query=lay.decode_only)
+                         causal=ctx.cache is None and lay.from_start)
         o = lay.to_packed(o.transpose(1, 2)).reshape(n, self.hq * self.d)
         ctx.record(f"layers.{self.layer_idx}.attn.core", o)
         return self.o_proj(o * nx.sigmoid(gate), nx)

@@ -13,13 +13,13 @@ from ..device import on_gpu
 from .reference import BLOCK, TILE, blocked_attention, sdpa_attention
 
 
-def invariant_attention(q, k, v, q_pos, scale, single_query: bool = False) -> torch.Tensor:
-    """The bi modes' attention (shapes as reference.py): CUDA runs flash_triton.attention (differentiable through
-    SDPA), the CPU blocked_attention over the invariant bmm."""
+def invariant_attention(q, k, v, q_pos, scale, causal: bool = False) -> torch.Tensor:
+    """The bi modes' attention (shapes and `causal` as reference.py): CUDA runs flash_triton.attention
+    (differentiable through SDPA), the CPU blocked_attention over the invariant bmm."""
     if on_gpu(q):
         from .flash_triton import attention  # lazy: CPU machines have no triton
 
-        return attention(q, k, v, q_pos, scale)
+        return attention(q, k, v, q_pos, scale, causal)
     from ..linear import bmm
 
     return blocked_attention(q, k, v, q_pos, scale, matmul=bmm)

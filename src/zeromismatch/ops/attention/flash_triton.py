@@ -35,7 +35,7 @@ from .reference import BLOCK, sdpa_attention
 _OPTS = dict(enable_fp_fusion=False)  # no compiler-chosen multiply-add contraction: the same ops in every config
 
 # launch settings (rows per tile, warps, pipeline stages); tests/gpu checks every one gives the same bits
-PREFILL = dict(rows=64, num_warps=4, num_stages=2)
+PREFILL = dict(rows=128, num_warps=8, num_stages=2)  # H100, 16 / 4 heads x 256: 0.51 ms vs 64 rows 0.74 (4 warps)
 DECODE = dict(num_warps=4, num_stages=2)
 
 
@@ -115,7 +115,8 @@ def attention_fwd(q, k, v, q_pos, scale: float, rows: int | None = None, num_war
     return o.transpose(1, 2)
 
 
-def attention(q, k, v, q_pos, scale: float) -> torch.Tensor:
-    """attention_fwd, differentiable through torch SDPA (reference.sdpa_attention) recomputed in the backward."""
+def attention(q, k, v, q_pos, scale: float, causal: bool = False) -> torch.Tensor:
+    """attention_fwd, differentiable through torch SDPA (reference.sdpa_attention, with `causal`) recomputed in
+    the backward. `causal` changes only the backward's SDPA call (the forward reads the positions)."""
     return backward_through(lambda q_, k_, v_, p_: attention_fwd(q_, k_, v_, p_, scale),
-                            lambda q_, k_, v_, p_: sdpa_attention(q_, k_, v_, p_, scale), q, k, v, q_pos)
+                            lambda q_, k_, v_, p_: sdpa_attention(q_, k_, v_, p_, scale, causal), q, k, v, q_pos)

@@ -1,7 +1,8 @@
 """Causal GQA attention over per-sequence padded batches: the torch forms.
 
 Both take queries q [B, Hq, Tq, D] at absolute positions q_pos [B, Tq] (-1 = padding) and each sequence's
-whole context k, v [B, Hkv, Tk, D]; query p attends to keys 0..p.
+whole context k, v [B, Hkv, Tk, D]; query p attends to keys 0..p. `causal` is a host fact a caller may give:
+q_pos[b] is 0, 1, ... then padding and Tq == Tk (the trainer's pass), so the mask follows from indices alone.
 
 - `blocked_attention` (bi modes on the CPU): the arithmetic for a query at position p is fixed by p alone. Its
   scores are computed in a 16-row query tile (the query sits in row p % 16, as in the trainer's full pass)
@@ -28,9 +29,8 @@ def _expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
     return x.repeat_interleave(rep, dim=1) if rep > 1 else x
 
 
-def blocked_attention(q, k, v, q_pos, scale, matmul=torch.matmul, single_query: bool = False):
-    """matmul: the batched matmul (the bi modes pass ops.linear.bmm). single_query: unused (the forms share one
-    signature)."""
+def blocked_attention(q, k, v, q_pos, scale, matmul=torch.matmul, causal: bool = False):
+    """matmul: the batched matmul (the bi modes pass ops.linear.bmm). causal: unused (the positions say it)."""
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     rep = hq // hkv
@@ -64,7 +64,11 @@ def blocked_attention(q, k, v, q_pos, scale, matmul=torch.matmul, single_query: 
     return out
 
 
-def sdpa_attention(q, k, v, q_pos, scale, single_query: bool = False):
+def sdpa_attention(q, k, v, q_pos, scale, causal: bool = False):
+    """causal: SDPA's own causal mask (its flash backend; queries past a sequence's end see padding keys, their
+    outputs unused); else a mask from the positions."""
+    if causal:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     hq = q.shape[1]
     k, v = _expand_kv(k, hq), _expand_kv(v, hq)
     key_pos = torch.arange(k.shape[2], device=q.device)

@@ -198,8 +198,8 @@ def _launch(name, kernel, grid_of_bv, *args, V: int, **kw):
     """Launch with the widest value block (<= BV_MAX[name], halving) whose shared memory fits; remembered."""
     key = (name, kw.get("K"), V, kw.get("DOTS"), BV_MAX[name], NUM_WARPS[name], NUM_STAGES[name])
     kw["num_warps"], kw["num_stages"] = NUM_WARPS[name], NUM_STAGES[name]
-    cands = [_BV[key]] if key in _BV else ([b for b in (64, 32, 16) if V % b == 0 and b <= BV_MAX[name]]
-                                           or [b for b in (64, 32, 16) if b <= BV_MAX[name]])
+    cands = [_BV[key]] if key in _BV else ([b for b in (128, 64, 32, 16) if V % b == 0 and b <= BV_MAX[name]]
+                                           or [b for b in (128, 64, 32, 16) if b <= BV_MAX[name]])
     for i, bv in enumerate(cands):
         try:
             kernel[grid_of_bv(bv)](*args, V=V, BV=bv, **kw)

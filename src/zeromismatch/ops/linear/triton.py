@@ -52,6 +52,7 @@ class Cfg:
     swap: bool = False  # TMA only: y^T = W x^T (W rows on the MMA's M side; for few tokens)
     epi_split: bool = False  # persistent only: store the tile in two halves
     ws: bool = False  # persistent only: tl.range(warp_specialize=True)
+    prec: str = "ieee"  # fp32 inputs only: the dot's input_precision (ieee: FMA chains; tf32x3: experiments)
 
 
 # named configs (tests/gpu: every one gives the same bits; benchmarks/gemm.py times some); BLOCK_K fixed per dtype
@@ -133,7 +134,7 @@ def _tile_ids(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constex
 @triton.jit(do_not_specialize=["M", "stride_xm", "stride_ym"])
 def _linear_ptr_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                       IEEE: tl.constexpr):
+                       PREC: tl.constexpr):
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_ids(pid, M, N, BM, BN, GROUP_M)
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -148,10 +149,10 @@ def _linear_ptr_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, strid
         krem = K - kt * BK
         a = tl.load(x_ptrs, mask=mmask & (offs_k[None, :] < krem), other=0.0)
         b = tl.load(w_ptrs, mask=(offs_k[:, None] < krem) & nmask, other=0.0)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
+        if PREC == "":
             acc = tl.dot(a, b, acc)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PREC)
         x_ptrs += BK
         w_ptrs += BK
     y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
@@ -282,7 +283,8 @@ def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | Cfg | None = N
                                  num_warps=c.warps, num_stages=c.stages)
     else:
         _linear_ptr_kernel[grid](x2, w, y, m, n, k, x2.stride(0), w.stride(0), y.stride(0),
-                                 BM=c.bm, BN=c.bn, BK=c.bk, GROUP_M=c.group_m, IEEE=x2.dtype == torch.float32,
+                                 BM=c.bm, BN=c.bn, BK=c.bk, GROUP_M=c.group_m,
+                                 PREC=c.prec if x2.dtype == torch.float32 else "",
                                  num_warps=c.warps, num_stages=c.stages)
     return y
 
