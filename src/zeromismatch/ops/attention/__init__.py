@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..device import on_gpu
+from ..linear import bmm
 from .reference import BLOCK, TILE, blocked_attention, sdpa_attention
 
 
@@ -20,8 +21,6 @@ def invariant_attention(q, k, v, q_pos, scale, causal: bool = False) -> torch.Te
         from .flash_triton import attention  # lazy: CPU machines have no triton
 
         return attention(q, k, v, q_pos, scale, causal)
-    from ..linear import bmm
-
     return blocked_attention(q, k, v, q_pos, scale, matmul=bmm)
 
 
