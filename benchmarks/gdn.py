@@ -173,22 +173,34 @@ def settings():
     slots = torch.arange(N_SEQ, device=DEV)
     steps = [torch.full((N_SEQ,), t, device=DEV) for t in range(CHUNK)]
     floor = state_floor(caches)
+
+    def one_chunk():  # a chunk of decode steps from the same cache: (outputs, final cache) to compare bits
+        c = {name: t.clone() for name, t in caches[0].items()}
+        return [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps], c
+
+    ref_o, ref_c = one_chunk()
     try:
         for warps in (2, 4, 8):
             for bv in (16, 32, 64, 128):
                 ct.NUM_WARPS["decode"], ct.BV_MAX["decode"] = warps, bv
+                o, c = one_chunk()
+                same = all(torch.equal(a, b) for a, b in zip(o, ref_o)) and all(torch.equal(c[n], ref_c[n]) for n in c)
                 ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps]
                                   for c in caches], reps=2) / CHUNK
                 r[f"decode_w{warps}_bv{bv}_chunk_mean_over_floor"] = ms / floor
+                r[f"decode_w{warps}_bv{bv}_same_bits"] = same
         ct.NUM_WARPS.update(saved[0])
         ct.BV_MAX.update(saved[1])
         pq, pk, pv, pg, pb = prepared_inputs(2, HEADS, T_TRAIN, seed=7)
         s0 = torch.zeros(2, HEADS, 128, 128, device=DEV)
+        ref = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
         for prep_w in (4, 8, 16):
             for scan_w, scan_bv in ((4, 32), (8, 16), (8, 64), (4, 128)):
                 ct.NUM_WARPS["prep"], ct.NUM_WARPS["scan"], ct.BV_MAX["scan"] = prep_w, scan_w, scan_bv
-                r[f"fwd_2x4096_prep_w{prep_w}_scan_w{scan_w}_bv{scan_bv}_ms"] = bench(
-                    lambda: ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0), warmup=2, rep=10)
+                tag = f"fwd_2x4096_prep_w{prep_w}_scan_w{scan_w}_bv{scan_bv}"
+                got = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
+                r[tag + "_same_bits"] = all(torch.equal(a, b) for a, b in zip(got, ref))
+                r[tag + "_ms"] = bench(lambda: ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0), warmup=2, rep=10)
     finally:
         ct.NUM_WARPS.update(saved[0])
         ct.BV_MAX.update(saved[1])
