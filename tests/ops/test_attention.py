@@ -98,3 +98,31 @@ def test_flash_trains_through_sdpa(flash):
     w = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad((out * w).sum(), (q, k, v)), torch.autograd.grad((ref * w).sum(), (q, k, v))):
         assert torch.equal(a, b)
+
+
+def test_flash_falls_back_to_tiles_that_fit(flash, monkeypatch):
+    """A launch setting whose tiles do not fit the shared memory (fp32 at head dim 256 on the GPU) falls back to
+    smaller tiles and fewer stages, remembered per shape: the same bits (any tile gives them)."""
+    from triton.runtime.errors import OutOfResources
+
+    q, k, v = qkv(hq=4, hkv=2, t=100, d=32, seed=6)
+    pos = torch.arange(100).expand(2, -1)
+    ref = flash.attention_fwd(q, k, v, pos, 0.2, rows=16, num_stages=1)
+    kernel, tried = flash._attention_kernel, []
+
+    class Small:  # launches only 32-row tiles at one stage, as a smaller shared memory would
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                tried.append((kw["BM"], kw["num_stages"]))
+                if kw["BM"] > 32 or kw["num_stages"] > 1:
+                    raise OutOfResources(1, 0, "shared memory")
+                return kernel[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(flash, "_attention_kernel", Small())
+    monkeypatch.setattr(flash, "_FITS", {})
+    assert torch.equal(flash.attention_fwd(q, k, v, pos, 0.2, rows=128, num_stages=2), ref)
+    assert tried == [(128, 2), (128, 1), (64, 2), (64, 1), (32, 2), (32, 1)]
+    tried.clear()
+    assert torch.equal(flash.attention_fwd(q, k, v, pos, 0.2, rows=128, num_stages=2), ref)
+    assert tried == [(32, 1)]  # remembered

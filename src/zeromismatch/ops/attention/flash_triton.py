@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ..autograd import backward_through
 from ..device import configure_cuda
@@ -88,11 +89,23 @@ def _rows(qt: int, rep: int) -> int:
     return max(16, triton.next_power_of_2(qt * rep))
 
 
+_FITS: dict[tuple, tuple[int, int]] = {}  # (dtype, head dim, rep, decode, rows, stages, warps) -> (rows, stages)
+
+
+def _settings(rows: int, stages: int):
+    """The asked setting first, then smaller tiles and fewer stages (fp32 at head dim 256 needs twice the shared
+    memory of bf16): any setting gives the same bits, so falling back changes no value."""
+    for r in sorted({rows, *(x for x in (64, 32, 16) if x < rows)}, reverse=True):
+        for st in sorted({stages, 1}, reverse=True):
+            yield r, st
+
+
 def attention_fwd(q, k, v, q_pos, scale: float, rows: int | None = None, num_warps: int | None = None,
                   num_stages: int | None = None) -> torch.Tensor:
     """q [B, Hq, Tq, D] at positions q_pos [B, Tq] (-1 = padding, output 0), k, v [B, Hkv, Tk, D] (every key a
     query can see, at its position). Returns o [B, Hq, Tq, D] (a view of a [B, Tq, Hq, D] tensor). rows,
-    num_warps, num_stages override the launch settings (any value gives the same bits)."""
+    num_warps, num_stages override the launch settings (any value gives the same bits); a setting whose tiles do
+    not fit the shared memory falls back to smaller ones (_settings)."""
     configure_cuda()
     b, hq, tq, dh = q.shape
     hkv, tk = k.shape[1], k.shape[2]
@@ -100,19 +113,26 @@ def attention_fwd(q, k, v, q_pos, scale: float, rows: int | None = None, num_war
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     q_pos = q_pos.contiguous()
     cfg = dict(DECODE if tq == 1 else PREFILL)
-    if rows is not None:
-        cfg["rows"] = rows
-    qt = max(1, cfg.get("rows", 1) // rep) if tq > 1 else 1
-    bm = _rows(qt, rep)
+    want = (rows or cfg.get("rows", 16), num_stages or cfg["num_stages"])
     o = torch.empty(b, tq, hq, dh, device=q.device, dtype=q.dtype)
-    if b * hq * tq:
-        _attention_kernel[(triton.cdiv(tq, qt), b * hkv)](
-            q, k, v, o, q_pos, float(scale), tq, tk, hkv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            o.stride(0), o.stride(2), o.stride(1), q_pos.stride(0),
-            D=dh, DP=max(16, triton.next_power_of_2(dh)), REP=rep, QT=qt, BM=bm, BN=BLOCK,
-            PREC="ieee" if q.dtype == torch.float32 else "tf32",
-            num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"], **_OPTS)
-    return o.transpose(1, 2)
+    if not b * hq * tq:
+        return o.transpose(1, 2)
+    warps = num_warps or cfg["num_warps"]
+    key = (q.dtype, dh, rep, tq == 1, *want, warps)
+    for n_rows, stages in [_FITS[key]] if key in _FITS else _settings(*want):
+        qt = max(1, n_rows // rep) if tq > 1 else 1
+        try:
+            _attention_kernel[(triton.cdiv(tq, qt), b * hkv)](
+                q, k, v, o, q_pos, float(scale), tq, tk, hkv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                o.stride(0), o.stride(2), o.stride(1), q_pos.stride(0),
+                D=dh, DP=max(16, triton.next_power_of_2(dh)), REP=rep, QT=qt, BM=_rows(qt, rep), BN=BLOCK,
+                PREC="ieee" if q.dtype == torch.float32 else "tf32",
+                num_warps=warps, num_stages=stages, **_OPTS)
+        except OutOfResources:
+            continue
+        _FITS[key] = (n_rows, stages)
+        return o.transpose(1, 2)
+    raise OutOfResources(0, 0, f"shared memory: no attention tile fits head dim {dh} in {q.dtype}")
 
 
 def attention(q, k, v, q_pos, scale: float, causal: bool = False) -> torch.Tensor:
