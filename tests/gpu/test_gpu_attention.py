@@ -6,7 +6,6 @@ or decode step that computes it, the other sequences, or what the cache holds pa
 import pytest
 import torch
 import torch.nn.functional as F
-from triton.runtime.errors import OutOfResources
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -74,17 +73,11 @@ def test_every_launch_setting_gives_the_same_bits(hq, hkv, d):
     q, k, v = _qkv(2, hq, hkv, 260, d, seed=3)
     pos = torch.arange(260, device=DEV).expand(2, -1)
     ref = attention_fwd(q, k, v, pos, 0.06)
-    ran = 0
     for rows in (16, 32, 64, 128):
         for warps in (4, 8):
-            for stages in (1, 2, 3):
-                try:
-                    got = attention_fwd(q, k, v, pos, 0.06, rows=rows, num_warps=warps, num_stages=stages)
-                except OutOfResources:  # a setting whose tiles do not fit the shared memory: nothing to compare
-                    continue
+            for stages in (1, 2, 3):  # a setting that does not fit the shared memory runs a smaller one
+                got = attention_fwd(q, k, v, pos, 0.06, rows=rows, num_warps=warps, num_stages=stages)
                 assert torch.equal(got, ref), (rows, warps, stages)
-                ran += 1
-    assert ran >= 12
     one = attention_fwd(q[:, :, 200:201], k, v, pos[:, 200:201], 0.06)
     for warps in (1, 2, 8):
         got = attention_fwd(q[:, :, 200:201], k, v, pos[:, 200:201], 0.06, num_warps=warps)
