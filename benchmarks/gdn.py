@@ -94,7 +94,7 @@ def chunk_decode():
                 ms = bench_graph([lambda c=c: chunk_decode_triton(q, k, v, gg, beta, slots, pos, c, dots=dots,
                                                                   kernel=kernel) for c in caches])
                 r[f"{name}_t{t}_ms"], r[f"{name}_t{t}_over_floor"] = ms, ms / floor
-            if dk == 128 and kernel == "dot" or dots == "ieee" and kernel == "chain" and dk == 128:
+            if dk == 128:
                 # a whole chunk: 64 graph-captured steps at positions 0..63 (the state written once, at 63)
                 steps = [torch.full((N_SEQ,), t, device=DEV) for t in range(CHUNK)]
                 ms = bench_graph([lambda c=c: [chunk_decode_triton(q, k, v, gg, beta, slots, p, c, dots=dots,

@@ -14,8 +14,9 @@ imported only under TRITON_INTERPRET=1, by tests and experiments/gpu; the packag
   once it leaves the caching allocator's segments: a fault is asynchronous and names no kernel, this names it.
 
 Both are context managers that undo their patches on exit; `interpreted(module)` imports a kernel module under
-both TRITON_INTERPRET=1 and the arithmetic emulation (the interpreted tests' fixture). Set TRITON_INTERPRET=1 before importing zeromismatch
-(ops.device reads it at import) and before a kernel module is imported (its kernels are decorated then).
+both TRITON_INTERPRET=1 and the arithmetic emulation (the interpreted tests' fixture). Set TRITON_INTERPRET=1
+before importing zeromismatch (ops.device reads it at import) and before a kernel module is imported (its kernels
+are decorated then).
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ def _expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
     return x.repeat_interleave(rep, dim=1) if rep > 1 else x
 
 
-def blocked_attention(q, k, v, q_pos, scale, matmul=torch.matmul, causal: bool = False):
-    """matmul: the batched matmul (the bi modes pass ops.linear.bmm). causal: unused (the positions say it)."""
+def blocked_attention(q, k, v, q_pos, scale, matmul=torch.matmul):
+    """matmul: the batched matmul (the bi modes pass ops.linear.bmm)."""
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     rep = hq // hkv

@@ -337,8 +337,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
 def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
                          s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, scr_ptr, HV,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr):
-    """The decode step with every chain written out as a loop over its index (no 16-row padding): the same
-    chains as `_decode_kernel` when tl.dot's lowering is `FUSED` (tests/gpu checks its bits every GPU run)."""
+    """The decode step with every chain written out as a loop of tl.fma over its index (no 16-row padding): the
+    same chains as `_decode_kernel` in the ieee arithmetic, whose tl.dot lowers to fused multiply-adds
+    (tests/gpu checks its bits every GPU run)."""
     i = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + i).to(tl.int64)
