@@ -2,10 +2,14 @@
 through the task's SandboxPool at several concurrencies, as an RL run drives them (env_workers threads).
 
     PYTHONPATH=src python benchmarks/sandbox.py --out DIR [--episodes 128] [--concurrency 1,2,4,8,16] [--cuda-gb 4]
+        [--others 2000] [--proofs namespace,scan]
 
 --cuda-gb N first makes this process look like a generator's: a CUDA context and N GB of device memory, plus
-N GB of touched host memory (forking such a process costs more). Writes DIR/sandbox.json; asserts no time.
-Runs on any machine with bwrap (no GPU needed without --cuda-gb).
+N GB of touched host memory (forking such a process costs more). --others N keeps N other root processes alive
+meanwhile, as a machine running several agent runs has (each live sandbox is one or more processes). --proofs:
+how a close proves that nothing of the sandbox runs, each measured in turn: ``namespace`` (the PID namespace
+init's pidfd, the default) and ``scan`` (the /proc scan of the slot's uid at every start and close, the fallback).
+Writes DIR/sandbox.json; asserts no time. Runs on any machine with bwrap (no GPU needed without --cuda-gb).
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
 from common import git_commit
 
 from zeromismatch.tasks.agent.offline import offline_agent_splits
+from zeromismatch.tasks.agent import processes
 from zeromismatch.tasks.agent.pool import SandboxPool
 from zeromismatch.tasks.agent.sandbox import SandboxLimits, bwrap_available
 
@@ -84,18 +90,36 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--cuda-gb", type=float, default=0.0)
+    ap.add_argument("--others", type=int, default=0, help="other processes kept alive meanwhile")
+    ap.add_argument("--proofs", default="namespace", help="comma-separated: namespace, scan")
     args = ap.parse_args()
     why = bwrap_available()
     if why:
         sys.exit(f"benchmarks/sandbox.py: {why}")
+    proofs = args.proofs.split(",")
+    if set(proofs) - {"namespace", "scan"}:
+        sys.exit(f"benchmarks/sandbox.py: --proofs {args.proofs!r}: expected names from namespace, scan")
     ballast = cuda_ballast(args.cuda_gb) if args.cuda_gb else None
+    others = [subprocess.Popen(["sleep", "3600"]) for _ in range(args.others)]
     specs = offline_agent_splits(args.episodes, 1, 0, None)["train"][: args.episodes]
     limits = SandboxLimits()
     out = {"command": " ".join(["python"] + sys.argv), "commit": git_commit(args.commit),
            "machine": {"host": platform.node(), "cores": len(os.sched_getaffinity(0)), "kernel": platform.release(),
                        "python": platform.python_version(), "as_root": os.geteuid() == 0},
-           "cuda_gb": args.cuda_gb, "lifecycle_ms": lifecycle(specs[0], limits, args.reps),
-           "episodes": [episodes(specs, limits, int(c), args.workers) for c in args.concurrency.split(",")]}
+           "cuda_gb": args.cuda_gb, "others": args.others,
+           "processes_alive": sum(name.isdigit() for name in os.listdir("/proc")), "proofs": {}}
+    real = processes.namespace_init_pidfd
+    try:
+        for proof in proofs:
+            processes.namespace_init_pidfd = real if proof == "namespace" else (lambda info_r: None)
+            out["proofs"][proof] = {
+                "lifecycle_ms": lifecycle(specs[0], limits, args.reps),
+                "episodes": [episodes(specs, limits, int(c), args.workers) for c in args.concurrency.split(",")]}
+    finally:
+        processes.namespace_init_pidfd = real
+        for proc in others:
+            proc.kill()
+            proc.wait()
     del ballast
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "sandbox.json")

@@ -4,6 +4,7 @@ sandbox (and the test run) goes on, and nothing is left running (conftest's auto
 No test sends traffic off this machine: the only network target is a listener the test opens on the host's
 127.0.0.1, which the sandbox must not reach."""
 
+import json
 import os
 import signal
 import socket
@@ -17,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from zeromismatch.tasks.agent.sandbox import Sandbox, SandboxSpec, kill_uid
+from zeromismatch.tasks.agent import processes
+from zeromismatch.tasks.agent.pool import SandboxPool
+from zeromismatch.tasks.agent.processes import kill_uid
+from zeromismatch.tasks.agent.sandbox import Sandbox, SandboxSpec
 
 from .conftest import SMALL, _sandbox_processes
 
@@ -158,7 +162,12 @@ def test_sleep_past_the_timeout_is_stopped_and_the_shell_stays(box):
     assert r.output.split() == ["/work/deep", "KEEP=1"] and not r.restarted
 
 
-def test_background_processes_are_killed_at_close():
+@pytest.mark.parametrize("proof", ["namespace", "scan"])
+def test_background_processes_are_killed_at_close(proof, monkeypatch):
+    """Daemonized, setsid and double-forked processes die at close: through the PID namespace's init (its
+    pidfd), or, where that cannot be had, through the /proc scan of the slot's uid."""
+    if proof == "scan":
+        monkeypatch.setattr(processes, "namespace_init_pidfd", lambda info_r: None)
     with Sandbox(SandboxSpec(), SMALL) as b:
         b.run("nohup sleep 3001 >/dev/null 2>&1 & setsid sleep 3002 & (sleep 3003 &) ; echo started")
         # `nohup` and `setsid` exec their sleep a moment after the shell returns: wait for all three.
@@ -167,7 +176,54 @@ def test_background_processes_are_killed_at_close():
             assert time.monotonic() < deadline, b.run("ps aux").output
             time.sleep(0.05)
         assert subprocess.run(["pgrep", "-f", "sleep 300[123]"], capture_output=True).returncode == 0
+    assert b.emptied == (proof == "namespace")
     assert subprocess.run(["pgrep", "-f", "sleep 300[123]"], capture_output=True).returncode == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="slot uids exist only when the host runs as root")
+def test_a_proven_close_spares_the_next_start_its_scan(monkeypatch):
+    """A close that saw the namespace's init exit needs no /proc scan, nor does the next sandbox on that uid;
+    a uid whose last holder left it unproven is scanned, and what runs as it is killed."""
+    scans = []
+    real = processes.pids_of_uid
+    monkeypatch.setattr(processes, "pids_of_uid", lambda uid: scans.append(uid) or real(uid))
+    pool = SandboxPool(SMALL, max_concurrent=1)
+    first = pool.acquire(SandboxSpec())
+    first.run("setsid nohup sleep 3005 >/dev/null 2>&1 & (sleep 3006 &); echo ok")
+    scans.clear()
+    pool.release(first)
+    assert first.emptied and scans == []
+    again = pool.acquire(SandboxSpec())
+    assert again.uid == first.uid and again.uid_clean and scans == []
+    slot = pool._slots.pop(id(again))
+    again.close()
+    pool._give(slot)  # given back unproven, as a holder that died leaves its uid
+    stray = subprocess.Popen(["setpriv", f"--reuid={again.uid}", f"--regid={again.uid}", "--clear-groups", "--",
+                              "sleep", "3007"])
+    try:
+        time.sleep(0.2)  # setpriv has dropped to the uid
+        third = pool.acquire(SandboxSpec())
+        assert third.uid == again.uid and not third.uid_clean and third.uid in scans
+        assert stray.wait(timeout=5) == -signal.SIGKILL  # the start's scan killed it
+        pool.release(third)
+    finally:
+        stray.kill()
+        stray.wait()
+
+
+def test_the_namespace_pidfd_is_never_taken_for_another_process():
+    """bwrap's child-pid is checked against its PID namespace once the pidfd is open: a pid reused by a process
+    of another namespace gives no pidfd (and so is never signalled)."""
+    own_ns = int(os.readlink("/proc/self/ns/pid").split("[")[1].rstrip("]"))
+    for ns, taken in ((own_ns, True), (own_ns + 1, False)):
+        r, w = os.pipe()
+        os.write(w, json.dumps({"child-pid": os.getpid(), "pid-namespace": ns}).encode())
+        os.close(w)
+        fd = processes.namespace_init_pidfd(r)
+        os.close(r)
+        assert (fd is not None) == taken
+        if fd is not None:
+            os.close(fd)
 
 
 def test_a_crashed_host_process_takes_its_sandbox_with_it(tmp_path):

@@ -10,6 +10,10 @@ bounded by the machine's cores is the work: starting a sandbox, a command, a ver
 sandboxes instead would deadlock a rollout worker whose threads wait for slots held by episodes that need those
 threads for their next step. Each live sandbox holds a slot; the slot is also its host uid when the host runs as
 root (sandbox.py), so two live sandboxes never share a process count.
+
+A uid's lock file also says whether the uid is known to be empty: ``clean`` is written when a sandbox's close
+proved that nothing of it runs (sandbox.py, teardown) and is erased when the uid is claimed again, so the next
+sandbox on it skips the /proc scan; after a holder that died without closing, the next start scans.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from .sandbox import Sandbox, SandboxLimits, SandboxSpec
 
 MAX_LIVE = 4096  # slots (host uids uid_base .. uid_base + MAX_LIVE - 1)
 UID_LOCKS = Path(tempfile.gettempdir()) / "zeromismatch-sandbox-uids"
+CLEAN = b"clean"  # a uid lock file's content once a close proved that nothing runs as the uid
 
 
 def claim_uid(uid: int) -> int | None:
@@ -62,22 +67,26 @@ class SandboxPool:
         self._claims: dict[int, int] = {}  # slot -> fd of its uid lock (root only)
         self._claim_uids = os.geteuid() == 0  # as another user every sandbox runs as that user: no uid to share
 
-    def _take_slot(self) -> int:
+    def _take_slot(self) -> tuple[int, bool]:
+        """A free slot whose uid this process now holds, and whether that uid is known to run nothing."""
         with self._lock:
             for i, slot in enumerate(self._free):
                 fd = claim_uid(self.limits.uid_base + slot) if self._claim_uids else -1
                 if fd is not None:
                     del self._free[i]
+                    clean = False
                     if fd >= 0:
                         self._claims[slot] = fd
-                    return slot
+                        clean = os.pread(fd, len(CLEAN), 0) == CLEAN
+                        os.ftruncate(fd, 0)  # in use: a holder that dies leaves it unproven
+                    return slot, clean
         raise ToolError(f"more than {self.max_live} sandboxes alive at once (uids {self.limits.uid_base}.. "
                         "counted over every process on this machine)")
 
     def acquire(self, spec: SandboxSpec) -> Sandbox:
-        slot = self._take_slot()
+        slot, clean = self._take_slot()
         try:
-            box = Sandbox(spec, self.limits, slot=slot, gate=self.gate)
+            box = Sandbox(spec, self.limits, slot=slot, gate=self.gate, uid_clean=clean)
         except BaseException:
             self._give(slot)
             raise
@@ -90,12 +99,14 @@ class SandboxPool:
         with self._lock:
             slot = self._slots.pop(id(box), None)
         if slot is not None:
-            self._give(slot)
+            self._give(slot, clean=box.emptied)
 
-    def _give(self, slot: int) -> None:
+    def _give(self, slot: int, clean: bool = False) -> None:
         with self._lock:
             fd = self._claims.pop(slot, None)
             if fd is not None:
+                if clean:
+                    os.pwrite(fd, CLEAN, 0)
                 os.close(fd)  # drops the flock: another process may take this uid now
             self._free.append(slot)
             self._free.sort()

@@ -23,8 +23,13 @@ Isolation (bwrap, from Debian's ``bubblewrap`` package; .ci/run installs it):
 - a per-command wall-clock timeout and an output cap (head and tail kept), enforced by the supervisor.
 
 Teardown (``close``, also at interpreter exit and when the process dies: ``--die-with-parent``): the
-supervisor is told to exit, bwrap's process group is killed, any process still running as the slot's uid is
-killed, the host dir is removed. bwrap is started from one long-lived thread: ``--die-with-parent`` is a
+supervisor is told to exit, bwrap's process group is killed, then the PID namespace's init (bwrap's
+``--info-fd`` child-pid, held as a pidfd): when a namespace's init exits, the kernel kills every process of the
+namespace and waits for them before the init's pidfd reports its exit, so that report proves that nothing of the
+sandbox runs any more, whatever it forked, daemonized or nested. Only without that proof (no pidfd) is every
+process still running as the slot's uid found in /proc and killed: a scan of every process on the machine,
+~0.14 s with 2,000 others alive (our 2-core CPU machine), which at every start and close had made the scans
+most of an RL run's environment time. Then the host dir is removed. bwrap is started from one long-lived thread: ``--die-with-parent`` is a
 parent-death signal, which Linux sends when the *thread* that forked exits, so sandboxes must not be forked
 from short-lived worker threads.
 """
@@ -38,7 +43,6 @@ import functools
 import json
 import os
 import queue
-import select
 import shutil
 import signal
 import subprocess
@@ -50,6 +54,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..base import ToolError
+from . import processes
+from .processes import as_uid, readable
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")
 INNER_UID = 1000
@@ -197,62 +203,6 @@ def _remove_orphans(base: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _readable(fd: int, timeout_s: float) -> bool:
-    """poll, not select: a run holds a pipe per live sandbox, and select fails on fds >= 1024."""
-    p = select.poll()
-    p.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    return bool(p.poll(max(0, int(timeout_s * 1000))))
-
-
-def _as_uid(uid: int) -> list[str]:
-    """The command prefix that drops to ``uid`` (its own group, no others). setpriv (util-linux) rather than
-    Popen(user=, group=): with those CPython forks instead of vforking, and forking a generator's process (a
-    CUDA context, GBs of host memory) takes ~2.5x as long per sandbox start (benchmarks/sandbox.py --cuda-gb)."""
-    if shutil.which("setpriv") is None:
-        raise ToolError("setpriv not found: install util-linux (apt-get install -y util-linux)")
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-
-
-def kill_uid(uid: int, rounds: int = 200) -> int:
-    """SIGKILL every process whose real uid is ``uid`` until none is left; returns how many were signalled."""
-    n = 0
-    for _ in range(rounds):
-        pids = [p for p in _pids_of_uid(uid) if p != os.getpid()]
-        if not pids:
-            return n
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                n += 1
-            except OSError:
-                pass
-        time.sleep(0.01)
-    return n
-
-
-def _pids_of_uid(uid: int) -> list[int]:
-    """Live (not zombie) processes whose real uid is ``uid``. A /proc/<pid> dir is owned by its process's effective
-    uid, or by root when the process is not dumpable, so only dirs owned by ``uid`` or root have their status read:
-    one stat per process instead of a read of every status file. Called at every sandbox start and close; with
-    1,600 processes of other uids alive (hundreds of live sandboxes) a call took 43 ms reading every status and
-    3.8 ms this way (our 2-core CPU machine)."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        name = entry.name
-        if name.isdigit():
-            try:
-                if entry.stat().st_uid not in (uid, 0):
-                    continue
-                status = Path(f"/proc/{name}/status").read_text()
-            except OSError:
-                continue
-            uid_line = next((ln for ln in status.splitlines() if ln.startswith("Uid:")), "")
-            state = next((ln for ln in status.splitlines() if ln.startswith("State:")), "")
-            if uid_line.split()[1:2] == [str(uid)] and state.split()[1:2] not in (["Z"], ["X"]):
-                pids.append(int(name))
-    return pids
-
-
 # ------------------------------------------------------------------------------------ the sandbox
 
 
@@ -260,9 +210,12 @@ class Sandbox:
     """A running sandbox (module doc). Methods are called from one thread at a time."""
 
     def __init__(self, spec: SandboxSpec, limits: SandboxLimits | None = None, *, slot: int = 0,
-                 root: str | os.PathLike | None = None, gate: threading.Semaphore | None = None):
+                 root: str | os.PathLike | None = None, gate: threading.Semaphore | None = None,
+                 uid_clean: bool = False):
         """``gate``: held while the sandbox starts and while it runs a command or the verifier (pool.py). ``root``
-        (default the temp dir) holds the host dir; as root it must be traversable by the slot uids."""
+        (default the temp dir) holds the host dir; as root it must be traversable by the slot uids.
+        ``uid_clean``: the caller knows that no process runs as the slot's uid (pool.py: its last sandbox's close
+        proved it), so the start skips the /proc scan."""
         self.spec, self.limits = spec, limits or SandboxLimits()
         self.gate = gate or contextlib.nullcontext()
         self.as_root = os.geteuid() == 0
@@ -272,6 +225,9 @@ class Sandbox:
         _remove_orphans(base)
         self.dir = Path(tempfile.mkdtemp(prefix=f"box-{os.getpid()}-", dir=base))
         self.proc: subprocess.Popen | None = None
+        self._ns_init: int | None = None  # pidfd of the PID namespace's init (module doc: teardown)
+        self.uid_clean = uid_clean
+        self.emptied = False  # set by close(): nothing of the sandbox runs, proven through the pidfd
         self._closed = False
         _live.add(self)
         try:
@@ -303,11 +259,11 @@ class Sandbox:
                 p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
         return {"seed": seed, "tests": tests, "harness": harness}
 
-    def _bwrap_args(self, dirs: dict) -> list[str]:
+    def _bwrap_args(self, dirs: dict, info_fd: int) -> list[str]:
         lim = self.limits
         size = str(lim.disk_mb << 20)
         args = ["bwrap", "--unshare-all", "--unshare-user", "--uid", str(INNER_UID), "--gid", str(INNER_UID),
-                "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+                "--die-with-parent", "--new-session", "--hostname", "sandbox", "--info-fd", str(info_fd)]
         for path in SYSTEM_RO:
             if Path(path).exists():
                 args += ["--ro-bind", path, path]
@@ -331,7 +287,7 @@ class Sandbox:
 
     def _prlimit(self) -> list[str]:
         lim = self.limits
-        nproc = lim.processes + (0 if self.as_root else len(_pids_of_uid(self.uid)))
+        nproc = lim.processes + (0 if self.as_root else len(processes.pids_of_uid(self.uid)))
         mb = 1 << 20
         return ["prlimit", f"--nproc={nproc}", f"--as={lim.memory_mb * mb}", f"--fsize={lim.file_size_mb * mb}",
                 f"--nofile={lim.open_files}", f"--core=0", "--"]
@@ -351,27 +307,33 @@ class Sandbox:
                   "max_output_bytes": lim.max_output_bytes}
         (dirs["harness"] / "config.json").write_text(json.dumps(config))
         (dirs["harness"] / "config.json").chmod(0o444)
-        args = self._prlimit() + self._bwrap_args(dirs) + [
+        info_r, info_w = os.pipe()
+        args = self._prlimit() + self._bwrap_args(dirs, info_w) + [
             "/usr/bin/python3", "-I", "-S", f"{HARNESS}/supervisor.py", f"{HARNESS}/config.json"]
-        kwargs = {"pass_fds": (ctrl_r, res_w), "stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL,
+        kwargs = {"pass_fds": (ctrl_r, res_w, info_w), "stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL,
                   "stderr": subprocess.PIPE, "start_new_session": True}
         if self.as_root:
-            kill_uid(self.uid)  # a slot's uid runs nothing of an earlier sandbox
-            args = _as_uid(self.uid) + args
+            if not self.uid_clean:
+                processes.kill_uid(self.uid)  # a slot's uid runs nothing of an earlier sandbox
+            args = as_uid(self.uid) + args
         try:
-            self.proc = _get_launcher().popen(args, **kwargs)
-        except OSError as e:
-            raise ToolError(f"sandbox could not start: {' '.join(args[:2])}...: {e}") from e
+            try:
+                self.proc = _get_launcher().popen(args, **kwargs)
+            except OSError as e:
+                raise ToolError(f"sandbox could not start: {' '.join(args[:2])}...: {e}") from e
+            finally:
+                for fd in (ctrl_r, res_w, info_w):
+                    os.close(fd)
+            self._res_buf = b""
+            try:
+                ready = self._read_reply(lim.start_timeout_s)
+            except SandboxGone as e:
+                raise ToolError(f"sandbox could not start: {e}") from e
+            if not ready.get("ready"):
+                raise ToolError(f"sandbox setup failed: {ready.get('error')}")
+            self._ns_init = processes.namespace_init_pidfd(info_r)
         finally:
-            os.close(ctrl_r)
-            os.close(res_w)
-        self._res_buf = b""
-        try:
-            ready = self._read_reply(lim.start_timeout_s)
-        except SandboxGone as e:
-            raise ToolError(f"sandbox could not start: {e}") from e
-        if not ready.get("ready"):
-            raise ToolError(f"sandbox setup failed: {ready.get('error')}")
+            os.close(info_r)
 
     # ----- talking to the supervisor
 
@@ -392,7 +354,7 @@ class Sandbox:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SandboxGone(f"no answer from the sandbox within {timeout:.0f} s")
-            if _readable(self._res_r, left):
+            if readable(self._res_r, left):
                 data = os.read(self._res_r, 1 << 16)
                 if not data:
                     raise SandboxGone(f"the sandbox's supervisor exited{self._stderr_tail()}")
@@ -457,8 +419,12 @@ class Sandbox:
                     os.close(fd)
                 except OSError:
                     pass
-        if self.as_root:
-            kill_uid(self.uid)
+        if self._ns_init is not None:
+            self.emptied = processes.kill_and_wait(self._ns_init, timeout_s=10.0)
+            os.close(self._ns_init)
+            self._ns_init = None
+        if self.as_root and not self.emptied:
+            processes.kill_uid(self.uid)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> "Sandbox":
