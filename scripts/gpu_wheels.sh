@@ -4,7 +4,7 @@
 # each pinned to the version CI tests here. Installed there with
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site DIR/*.whl
 # and PYTHONPATH=/tmp/site:src (--no-deps: the image's own numpy, torch, transformers, ... stay as they are).
-#   bash scripts/gpu_wheels.sh [DIR=.whl]            # the base set (~25 MB)
+#   bash scripts/gpu_wheels.sh [DIR=.whl]            # the base set (~28 MB)
 #   bash scripts/gpu_wheels.sh DIR --ray RAYDIR      # and Ray for rl.backend=ray, slimmed (below), into RAYDIR
 #   bash scripts/gpu_wheels.sh DIR --debs DEBDIR     # and bubblewrap's Debian package (the terminal agent's
 #                                                    # sandbox), unpacked there with dpkg -x (README "GPU")
@@ -36,7 +36,8 @@ download "$DIR" \
     pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 \
     datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18 \
     math-verify==0.9.0 latex2sympy2_extended==1.11.0 \
-    bm25s==0.3.16 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0
+    bm25s==0.3.16 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 \
+    py-spy==0.4.3  # the profiler of results/agent_h200 (a static binary: /tmp/site/bin/py-spy there)
 # hydra 1.3 needs antlr4 4.9.3, published as a source archive only (pure Python): built into a wheel here
 python3 -m pip wheel -q --no-deps --no-binary=:all: -w "$DIR" antlr4-python3-runtime==4.9.3
 echo "$DIR: $(ls "$DIR" | wc -l) wheels, $(du -sh "$DIR" | cut -f1)"

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -147,7 +148,11 @@ class EpisodeRunner:
         self.multi_turn = limits.max_turns > 1
         self.pool = cf.ThreadPoolExecutor(env_workers, thread_name_prefix="env") if self.multi_turn else None
         self.live: dict[int, _Rollout] = {}  # request id -> rollout
-        self.pending: dict[cf.Future, _Rollout] = {}  # environment turns running on the pool, in submission order
+        self.pending: dict[cf.Future, tuple[int, _Rollout]] = {}  # environment turns: (submission number, rollout)
+        # finished environment turns, put by the pool's threads: a step takes what finished instead of asking
+        # every pending future (hundreds in a window of multi-turn rollouts) whether it is done
+        self._finished: queue.SimpleQueue[cf.Future] = queue.SimpleQueue()
+        self._submitted = 0
         self.stats = {"episodes": 0, "model_turns": 0, "tool_tokens": 0, "truncated": 0, "env_seconds": 0.0}
 
     def start(self, item, sample_index: int, params: SamplingParams) -> int:
@@ -180,8 +185,7 @@ class EpisodeRunner:
             for out in self.engine.step():
                 self._model_turn_done(out, finished)
         elif self.pending:
-            cf.wait(list(self.pending), timeout=self.poll_s, return_when=cf.FIRST_COMPLETED)
-            self._apply_finished_env_turns(finished)
+            self._apply_finished_env_turns(finished, wait_s=self.poll_s)
         return finished
 
     def close(self, wait_s: float = 30.0) -> None:
@@ -209,7 +213,10 @@ class EpisodeRunner:
         if self.pool is None:
             self._apply(r, self._env_turn(r, response, out.finish_reason), finished)
         else:
-            self.pending[self.pool.submit(self._env_turn, r, response, out.finish_reason)] = r
+            f = self.pool.submit(self._env_turn, r, response, out.finish_reason)
+            self.pending[f] = (self._submitted, r)
+            self._submitted += 1
+            f.add_done_callback(self._finished.put)
 
     def _env_turn(self, r: _Rollout, response: list[int], finish_reason: str) -> _Next:
         """The environment's answer to a model turn and what it means under the limits (worker thread)."""
@@ -227,9 +234,17 @@ class EpisodeRunner:
             r.close()
         return replace(nxt, env_s=time.perf_counter() - t0)
 
-    def _apply_finished_env_turns(self, finished: list) -> None:
-        for f in [f for f in self.pending if f.done()]:
-            r = self.pending.pop(f)
+    def _apply_finished_env_turns(self, finished: list, wait_s: float = 0.0) -> None:
+        """Apply the environment turns finished so far (waiting up to ``wait_s`` for a first one), in the order
+        they were submitted."""
+        done = []
+        try:
+            done.append(self._finished.get(timeout=wait_s) if wait_s > 0 else self._finished.get_nowait())
+            while True:
+                done.append(self._finished.get_nowait())
+        except queue.Empty:
+            pass
+        for n, r, f in sorted((*self.pending.pop(f), f) for f in done if f in self.pending):
             self._apply(r, f.result(), finished)  # re-raises the environment's failure here
 
     def _apply(self, r: _Rollout, nxt: _Next, finished: list) -> None:
