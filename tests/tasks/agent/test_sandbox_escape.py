@@ -180,6 +180,21 @@ def test_background_processes_are_killed_at_close(proof, monkeypatch):
     assert subprocess.run(["pgrep", "-f", "sleep 300[123]"], capture_output=True).returncode == 1
 
 
+def test_processes_in_nested_namespaces_die_with_the_sandbox():
+    """A process in a user and PID namespace of its own, made inside the sandbox, is still in the sandbox's PID
+    namespace: the init's exit that close waits for covers it."""
+    with Sandbox(SandboxSpec(), SMALL) as b:
+        if b.run("unshare -Urpf --mount-proc true").exit_code != 0:
+            pytest.skip("this kernel lets no nested user namespace be made inside the sandbox")
+        b.run("unshare -Urpf --mount-proc sh -c 'sleep 3008 & sleep 3009' >/dev/null 2>&1 &")
+        deadline = time.monotonic() + 5
+        while subprocess.run(["pgrep", "-f", "^sleep 300[89]"], capture_output=True, text=True).stdout.count("\n") < 2:
+            assert time.monotonic() < deadline, b.run("ps -eo pid,args").output
+            time.sleep(0.05)
+    assert b.emptied
+    assert subprocess.run(["pgrep", "-f", "sleep 300[89]"], capture_output=True).returncode == 1
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="slot uids exist only when the host runs as root")
 def test_a_proven_close_spares_the_next_start_its_scan(monkeypatch):
     """A close that saw the namespace's init exit needs no /proc scan, nor does the next sandbox on that uid;
