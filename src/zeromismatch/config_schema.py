@@ -237,7 +237,7 @@ RL: Group = {
 SLOTS = either(POSITIVE_INT, one_of("window"))  # window: a slot for every rollout the run-ahead window admits
 GENERATOR: dict[str, Group] = {  # conf/generator/<backend>.yaml, by generator.backend
     "embedded": {"backend": STR, "max_slots": SLOTS, "max_batched_tokens": POSITIVE_INT,
-                 "max_model_len": integer(1, optional=True), "prefix_caching": BOOL},
+                 "max_model_len": integer(1, optional=True), "prefix_caching": BOOL, "piece_interval": POSITIVE_INT},
     "vllm": {"backend": STR, "max_slots": POSITIVE_INT, "max_batched_tokens": POSITIVE_INT,
              "max_model_len": integer(1, optional=True)},
     "vllm_native": {"backend": STR, "max_slots": POSITIVE_INT, "max_batched_tokens": POSITIVE_INT,

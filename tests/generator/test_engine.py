@@ -5,14 +5,16 @@ Batch invariance ('bi' numerics) is what lets these tests compare token lists an
 with == / torch.equal across different schedules."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 import zeromismatch.generator.engine as engine_mod
-from gen_helpers import VOCAB, assert_same_outputs, prompts_of, run_all
+from gen_helpers import MICRO, VOCAB, assert_same_outputs, prompts_of, run_all
 from zeromismatch.generator import Engine, SamplingParams
 from zeromismatch.generator.cache import BLOCK_SIZE
+from zeromismatch.models.qwen3_5 import build_model
 from zeromismatch.parity import generate
 
 
@@ -96,8 +98,9 @@ def test_token_budget_and_decode_first_inside_the_engine(micro_model, monkeypatc
     plans = []
     real = engine_mod.schedule
 
-    def spy(running, budget, max_seqs):
-        work = real(running, budget, max_seqs)
+    def spy(running, budget, max_seqs, prefill=True):
+        assert prefill  # piece_interval 1: pieces are never held back
+        work = real(running, budget, max_seqs, prefill)
         plans.append([(w.seq.num_uncomputed == 1, w.n_tokens, w.seq.num_computed, w.seq.num_tokens) for w in work])
         return work
 
@@ -286,3 +289,62 @@ def test_throughput_and_stats(micro_model):
     assert tp["tokens_generated"] == 12 and tp["forward_s"] > 0 and tp["steps"] > 0
     # every known token is computed once except each request's last sampled one (no prefix sharing here)
     assert tp["tokens_computed"] == sum(len(o.all_tokens) - 1 for o in outs)
+
+
+def _multi_turn_trace(mode: str, piece_interval: int) -> tuple[dict, int, int]:
+    """Six requests of three model turns each, with tool output arriving a few engine steps after a turn ends
+    (as an environment answers), on one engine; every turn's output per request, the steps, the steps with a
+    prefill piece."""
+    import random
+
+    model = build_model("tiny", mode, seed=3, **MICRO).eval()
+    eng = Engine(model, max_slots=6, max_batched_tokens=256, max_model_len=512, cuda_graphs=True,
+                 piece_interval=piece_interval)
+    execute, with_pieces = eng.runner.execute, [0]
+
+    def counted(work, tap=None):
+        with_pieces[0] += any(w.n_tokens > 1 for w in work)
+        return execute(work, tap)
+
+    eng.runner.execute = counted
+    rng = random.Random(0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, keep_cache=True)
+    rids = [eng.add_request(p, replace(params, seed=i)) for i, p in enumerate(prompts_of([9, 30, 17, 70, 5, 44]))]
+    turns = {r: [] for r in rids}
+    tools = {r: [prompts_of([rng.randint(2, 20)], seed=10 * r + t)[0] for t in range(2)] for r in rids}
+    delays = {r: [rng.randint(0, 6) for _ in range(2)] for r in rids}
+    due: list[tuple[int, int]] = []  # (step at which the tool output arrives, request)
+    step = 0
+    while eng.has_work() or due:
+        for at, r in [d for d in due if d[0] <= step]:
+            due.remove((at, r))
+            t = len(turns[r])
+            eng.continue_request(r, tools[r][t - 1], replace(params, seed=r, keep_cache=t < 2))
+        if eng.has_work():
+            for out in eng.step():
+                turns[out.request_id].append((out.tokens[-len(out.logprob_tensor):], out.logprob_tensor))
+                t = len(turns[out.request_id])
+                if t < 3:
+                    due.append((step + 1 + delays[out.request_id][t - 1], out.request_id))
+        step += 1
+    assert all(len(v) == 3 for v in turns.values())
+    return turns, eng.stats["steps"], with_pieces[0]
+
+
+@pytest.mark.parametrize("mode", ["bi", "bi_chunk"])
+def test_holding_prefill_pieces_back_changes_no_bit_and_runs_fewer_piece_steps(mode):
+    """piece_interval: tool output and prompts wait up to N-1 steps while decode rows run, then join one step
+    together. Every turn's tokens and fp32 logprobs are the same bits as with pieces in every step (batch
+    invariance), and fewer steps carry a piece (each such step is an eager forward on CUDA)."""
+    every, n_every, pieces_every = _multi_turn_trace(mode, 1)
+    held, n_held, pieces_held = _multi_turn_trace(mode, 4)
+    for r in every:
+        for (ta, la), (tb, lb) in zip(every[r], held[r]):
+            assert ta == tb and torch.equal(la, lb), f"request {r}: a turn differs"
+    assert pieces_held < pieces_every, (pieces_held, pieces_every)
+
+
+def test_piece_interval_is_checked():
+    model = build_model("tiny", "bi", seed=3, **MICRO).eval()
+    with pytest.raises(ValueError, match="piece_interval must be >= 1"):
+        Engine(model, max_slots=2, piece_interval=0)

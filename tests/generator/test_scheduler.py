@@ -136,3 +136,9 @@ def test_random_invariants():
                 assert end % BLOCK_SIZE == 0, (s, n, budget)
             last = (s.num_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
             assert not (s.num_computed < last < end), (s, n)
+
+
+def test_prefill_held_back_schedules_decode_rows_only():
+    seqs = [FakeSeq("p0", 30), decode("d0"), FakeSeq("p1", 20), decode("d1", 7)]
+    assert plan(schedule(seqs, 1000, 8, prefill=False)) == [("d0", 1), ("d1", 1)]
+    assert plan(schedule(seqs[::2], 1000, 8, prefill=False)) == []  # the engine never holds back without decode rows

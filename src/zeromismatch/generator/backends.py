@@ -35,7 +35,7 @@ def build_engine(model, cfg_generator: Any, *, max_model_len: int, max_slots: in
     if backend == "embedded":
         return Engine(model, max_slots=slots, max_batched_tokens=batched, max_model_len=max_model_len,
                       prefix_caching=bool(_get(cfg_generator, "prefix_caching", True)), swap_policy=swap_policy,
-                      cuda_graphs=cuda_graphs)
+                      cuda_graphs=cuda_graphs, piece_interval=int(_get(cfg_generator, "piece_interval", 1)))
     if backend in ("vllm", "vllm_native"):
         from .vllm_engine.engine import VLLMEngine
 

@@ -62,13 +62,22 @@ class Engine:
         device=None,
         cuda_graphs: bool | None = None,
         device_sampling: bool | None = None,
+        piece_interval: int = 1,
     ):
         """cuda_graphs: capture and replay decode steps per batch bucket (default: on CUDA, for models without
         routed experts; on a CPU device True runs the same bucketed, padded path without capture);
         device_sampling: the batched Gumbel-max sampler on the logits' device (default: on CUDA); off, every row
-        draws on the CPU from its request's generator (sampling.py says how the two schemes differ)."""
+        draws on the CPU from its request's generator (sampling.py says how the two schemes differ);
+        piece_interval: while decode rows run, prefill pieces (prompts, tool output) join every piece_interval-th
+        step and wait in between (1: every step). A step with pieces runs them eagerly (only decode rows replay a
+        graph), and a multi-turn task brings a tool turn's output nearly every step: holding pieces back a few
+        steps runs them together in one eager forward. Which step computes a row changes none of its bits in
+        bi and bi_chunk (batch invariance)."""
         if swap_policy not in ("keep", "recompute"):
             raise ValueError(f"swap_policy must be 'keep' or 'recompute', got {swap_policy!r}")
+        if int(piece_interval) < 1:
+            raise ValueError(f"piece_interval must be >= 1, got {piece_interval!r}")
+        self.piece_interval, self._pieces_held = int(piece_interval), 0
         self.model = model
         self.device = torch.device(device or next(model.parameters()).device)
         on_cuda = self.device.type == "cuda"
@@ -180,7 +189,7 @@ class Engine:
         step finished."""
         admitted = self._admit()
         ready, hits = self.kv.lookup_prefixes(self.running)
-        work = schedule(ready, self.max_batched_tokens, self.max_slots)
+        work = schedule(ready, self.max_batched_tokens, self.max_slots, prefill=self._pieces_due(ready))
         if not work:
             if self.running:
                 raise RuntimeError("no sequence can make progress: raise max_batched_tokens")
@@ -211,6 +220,21 @@ class Engine:
             self.kv.cache_prefix(w.seq)
         finished = self._append_samples(to_sample, tokens, logprobs)
         return [self._retire(s) for s in finished]
+
+    def _pieces_due(self, ready: list[Sequence]) -> bool:
+        """Whether prefill pieces join this step (piece_interval): always when no decode row would run without
+        them, else on every piece_interval-th step that has pieces waiting."""
+        if self.piece_interval == 1:
+            return True
+        waiting = any(s.num_uncomputed > 1 for s in ready)
+        if not waiting or not any(s.num_uncomputed == 1 for s in ready):
+            self._pieces_held = 0
+            return True
+        self._pieces_held += 1
+        if self._pieces_held >= self.piece_interval:
+            self._pieces_held = 0
+            return True
+        return False
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationOutput]:
         """Run requests to completion; outputs in request order."""

@@ -1,7 +1,7 @@
 """Which sequences run in the next forward and how many of their uncomputed tokens.
 
 Policy: every running sequence with exactly one uncomputed token (decode) runs; the remaining token budget
-goes to prefill work in admission order. A prefill piece stops at the last 64-token block boundary before
+goes to prefill work in admission order (unless the engine holds prefill back this step: ``prefill=False``). A prefill piece stops at the last 64-token block boundary before
 the end of the known tokens (and, when the budget cuts it, at a boundary), so the prefix cache can snapshot
 the GDN state there: that boundary is the one a group of samples sharing the prompt reuses."""
 
@@ -25,7 +25,7 @@ class Work:
         self.samples = self.seq.num_computed + self.n_tokens == self.seq.num_tokens
 
 
-def schedule(running: list, max_batched_tokens: int, max_seqs: int) -> list[Work]:
+def schedule(running: list, max_batched_tokens: int, max_seqs: int, prefill: bool = True) -> list[Work]:
     work: list[Work] = []
     budget = max_batched_tokens
     pending = [s for s in running if s.num_uncomputed > 0]
@@ -33,7 +33,7 @@ def schedule(running: list, max_batched_tokens: int, max_seqs: int) -> list[Work
         if s.num_uncomputed == 1 and len(work) < max_seqs:
             work.append(Work(s, 1))
             budget -= 1
-    for s in pending:
+    for s in pending if prefill else ():
         if s.num_uncomputed == 1 or len(work) >= max_seqs or budget <= 0:
             continue
         n = min(s.num_uncomputed, budget)
