@@ -26,8 +26,8 @@ import time
 
 from common import git_commit
 
-from zeromismatch.tasks.agent.offline import offline_agent_splits
 from zeromismatch.tasks.agent import processes
+from zeromismatch.tasks.agent.offline import offline_agent_splits
 from zeromismatch.tasks.agent.pool import SandboxPool
 from zeromismatch.tasks.agent.sandbox import SandboxLimits, bwrap_available
 

@@ -244,7 +244,7 @@ class EpisodeRunner:
                 done.append(self._finished.get_nowait())
         except queue.Empty:
             pass
-        for n, r, f in sorted((*self.pending.pop(f), f) for f in done if f in self.pending):
+        for _, r, f in sorted((*self.pending.pop(f), f) for f in done if f in self.pending):
             self._apply(r, f.result(), finished)  # re-raises the environment's failure here
 
     def _apply(self, r: _Rollout, nxt: _Next, finished: list) -> None:

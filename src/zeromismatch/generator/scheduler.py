@@ -1,9 +1,10 @@
 """Which sequences run in the next forward and how many of their uncomputed tokens.
 
 Policy: every running sequence with exactly one uncomputed token (decode) runs; the remaining token budget
-goes to prefill work in admission order (unless the engine holds prefill back this step: ``prefill=False``). A prefill piece stops at the last 64-token block boundary before
-the end of the known tokens (and, when the budget cuts it, at a boundary), so the prefix cache can snapshot
-the GDN state there: that boundary is the one a group of samples sharing the prompt reuses."""
+goes to prefill work in admission order (unless the engine holds prefill back this step: ``prefill=False``).
+A prefill piece stops at the last 64-token block boundary before the end of the known tokens (and, when the
+budget cuts it, at a boundary), so the prefix cache can snapshot the GDN state there: that boundary is the one
+a group of samples sharing the prompt reuses."""
 
 from __future__ import annotations
 

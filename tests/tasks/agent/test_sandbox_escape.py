@@ -213,8 +213,7 @@ def test_a_proven_close_spares_the_next_start_its_scan(monkeypatch):
     slot = pool._slots.pop(id(again))
     again.close()
     pool._give(slot)  # given back unproven, as a holder that died leaves its uid
-    stray = subprocess.Popen(["setpriv", f"--reuid={again.uid}", f"--regid={again.uid}", "--clear-groups", "--",
-                              "sleep", "3007"])
+    stray = subprocess.Popen(processes.as_uid(again.uid) + ["sleep", "3007"])
     try:
         time.sleep(0.2)  # setpriv has dropped to the uid
         third = pool.acquire(SandboxSpec())

@@ -28,10 +28,9 @@ supervisor is told to exit, bwrap's process group is killed, then the PID namesp
 namespace and waits for them before the init's pidfd reports its exit, so that report proves that nothing of the
 sandbox runs any more, whatever it forked, daemonized or nested. Only without that proof (no pidfd) is every
 process still running as the slot's uid found in /proc and killed: a scan of every process on the machine,
-~0.14 s with 2,000 others alive (our 2-core CPU machine), which at every start and close had made the scans
-most of an RL run's environment time. Then the host dir is removed. bwrap is started from one long-lived thread: ``--die-with-parent`` is a
-parent-death signal, which Linux sends when the *thread* that forked exits, so sandboxes must not be forked
-from short-lived worker threads.
+~0.14 s with 2,000 others alive (our 2-core CPU machine). Then the host dir is removed. bwrap is started from
+one long-lived thread: ``--die-with-parent`` is a parent-death signal, which Linux sends when the *thread*
+that forked exits, so sandboxes must not be forked from short-lived worker threads.
 """
 
 from __future__ import annotations
