@@ -16,6 +16,11 @@ mid-way (killed, interrupted, failed) with a checkpoint.pt continues from it thr
 one without a checkpoint is moved to <root>/_aborted/ and starts over. Failed runs are retried only with
 --retry-failed (a failure is usually not transient).
 
+--freeze: the runs use a copy of run.py, conf/ and src/ made in <root>/_code/ when the sweep starts, so that
+edits or a fresh copy of the working tree during the sweep cannot reach running processes (a run reads files
+of the tree long after it starts: each terminal-agent sandbox copies tasks/agent/supervisor.py). Data, caches
+and run folders stay relative to the repo root. Running the sweep again makes a new copy.
+
 --deadline S: S seconds after the start, running processes get SIGINT (then SIGKILL after --grace seconds),
 runs not yet started stay pending, and the archive is written; so is it on SIGTERM / SIGINT of the sweep.
 The archive (tar.gz, written atomically) holds <exp>/<seed>/ of every run folder except checkpoints,
@@ -45,6 +50,7 @@ CHECKPOINT = "checkpoint.pt"
 MANIFEST = "sweep.json"
 PACK_EXCLUDE_SUFFIXES = (".pt", ".tmp", ".lock")  # checkpoints (model + optimizer) stay on the machine
 SFT_CACHE = REPO / ".cache" / "sft"  # conf/job/sft.yaml cache_dir: each warm start's summary.json is packed
+CODE = ("run.py", "conf", "src")  # what --freeze copies: everything a run imports or composes
 GPU_SAMPLE_S = 15.0  # seconds between nvidia-smi readings of memory and utilization
 
 
@@ -82,6 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--root", default="sweeps/latest", help="folder of the run folders")
     p.add_argument("--archive", default=None, help="tar.gz to write (default: <root>/sweep.tar.gz)")
     p.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
+    p.add_argument("--freeze", action="store_true",
+                   help="run every process from a copy of run.py, conf/ and src/ in <root>/_code/ (see above)")
     p.add_argument("--retry-failed", action="store_true", help="run failed runs again (resuming from their checkpoint)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between checks of the running processes")
     args = p.parse_args(argv)
@@ -121,8 +129,8 @@ def plan(args, root: Path, previous: dict) -> list[Run]:
     return runs
 
 
-def command(args, run: Run, resume: bool) -> list[str]:
-    cmd = [sys.executable, str(REPO / "run.py"), f"+exp={run.exp}"]
+def command(args, run: Run, resume: bool, code: Path = REPO) -> list[str]:
+    cmd = [sys.executable, str(code / "run.py"), f"+exp={run.exp}"]
     if args.scale:
         cmd.append(f"+scale={args.scale}")  # after +exp: the scale's values win
     cmd += [f"seed={run.seed}", f"logging.run_dir={run.dir}"]
@@ -163,6 +171,23 @@ def gpu_reading() -> dict | None:
     return {"memory_used_mib": used, "utilization_pct": util}
 
 
+def freeze_code(root: Path) -> Path:
+    """A fresh copy of the code the runs use, in <root>/_code/ (caches of compiled Python left out)."""
+    code = root / "_code"
+    tmp = root / "_code.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in CODE:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, tmp / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(src, tmp / name)
+    shutil.rmtree(code, ignore_errors=True)
+    tmp.replace(code)
+    return code.resolve()
+
+
 def git_commit() -> str:
     q = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
     return q.stdout.strip() if q.returncode == 0 else "unknown"
@@ -176,6 +201,7 @@ class Sweep:
         previous = self._previous()
         self.runs = plan(args, self.root, previous)
         self.slots = core_slots(args.parallel, args.threads)
+        self.code = freeze_code(self.root) if args.freeze else REPO
         self.procs: dict[int, tuple[Run, subprocess.Popen, float, int]] = {}  # slot -> (run, process, start, slot)
         self.t0 = time.time()
         self.stopping = False
@@ -234,10 +260,10 @@ class Sweep:
         cores = self.slots[slot]
         env = dict(os.environ, OMP_NUM_THREADS=str(len(cores)), MKL_NUM_THREADS=str(len(cores)),
                    PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.code / "src"), env.get("PYTHONPATH")]))
         log = self.root / "_logs" / run.exp / f"{run.seed}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = command(self.args, run, resume)
+        cmd = command(self.args, run, resume, self.code)
         with open(log, "a") as fh:
             fh.write(f"\n=== attempt {run.attempts + 1} ({'resume' if resume else 'fresh'}) "
                      f"{time.strftime('%Y-%m-%dT%H:%M:%S')} cores {cores}\n$ {' '.join(cmd)}\n")

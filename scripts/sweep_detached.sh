@@ -3,13 +3,15 @@
 # length (from the repo root; the wheels and PYTHONPATH set up as README "GPU" says):
 #   bash scripts/sweep_detached.sh mps                        # CUDA MPS on, if it starts and CUDA works under it
 #   bash scripts/sweep_detached.sh mps-off                    # and off again, once no sweep runs
-#   bash scripts/sweep_detached.sh start NAME CORES ARGS...   # scripts/sweep.py ARGS in its own session (setsid),
-#                                                             # pinned to CORES (a taskset list, e.g. 0-8), its
-#                                                             # console in sweeps/NAME.log
+#   bash scripts/sweep_detached.sh start NAME CORES ARGS...   # scripts/sweep.py --freeze ARGS in its own session
+#                                                             # (setsid), pinned to CORES (a taskset list, e.g.
+#                                                             # 0-8), its console in sweeps/NAME.log
 #   bash scripts/sweep_detached.sh wait SECONDS               # until every started sweep exits or SECONDS pass,
 #                                                             # printing each run's last step every 60 s
 #   bash scripts/sweep_detached.sh pack DEST.tar.gz ROOT...   # what the runs wrote so far, checkpoints left out
 # Two sweeps started side by side get disjoint CORES: scripts/sweep.py spreads its runs over the cores it may use.
+# --freeze: the runs use the sweep's own copy of run.py, conf/ and src/, because the next command may arrive with
+# a fresh copy of the working tree, and a run that opens a file of the tree while it is being replaced fails.
 set -uo pipefail
 mkdir -p sweeps
 cmd="${1:?mps | mps-off | start | wait | pack}"; shift
@@ -45,7 +47,7 @@ mps-off)
     ;;
 start)
     name="${1:?NAME}"; cores="${2:?CORES}"; shift 2
-    setsid nohup taskset -c "$cores" python3 scripts/sweep.py "$@" >"sweeps/$name.log" 2>&1 </dev/null &
+    setsid nohup taskset -c "$cores" python3 scripts/sweep.py --freeze "$@" >"sweeps/$name.log" 2>&1 </dev/null &
     echo "started $name (pid $!) on cores $cores"
     ;;
 wait)
@@ -60,7 +62,7 @@ wait)
     ;;
 pack)
     dest="${1:?DEST}"; shift
-    tar czf "$dest.tmp" --exclude='*.pt' --exclude='*.tmp' sweeps/*.log "$@" .cache/sft/*/summary.json 2>/dev/null
+    tar czf "$dest.tmp" --exclude='*.pt' --exclude='*.tmp' --exclude='_code' sweeps/*.log "$@" .cache/sft/*/summary.json 2>/dev/null
     mv "$dest.tmp" "$dest" && echo "packed $dest ($(du -h "$dest" | cut -f1))"
     ;;
 *)
