@@ -46,6 +46,7 @@ def test_recompute_rebuilds_caches_under_the_new_weights(micro_model, numerics):
         k = len(pre[r])
         assert 0 < k < 8 and o.tokens[:k] == pre[r]
         assert o.versions == [0] * k + [7] * (8 - k) and o.admission_version == 0
+        assert o.mixed_versions is False  # the rebuilt cache holds the new weights' entries only
         # greedy continuation == a fresh engine with the new weights given the same context, bit for bit
         ref = fresh.generate([p + pre[r]], SamplingParams(max_new_tokens=8 - k, temperature=0))[0]
         assert o.tokens[k:] == ref.tokens
@@ -64,7 +65,9 @@ def test_keep_recomputes_nothing_and_is_stale(micro_model):
     for r, p, o in zip(rids, prompts, outs):
         k = len(pre[r])
         assert o.versions == [0] * k + [7] * (8 - k)
+        assert o.mixed_versions is True  # its post-swap tokens decoded on the cache of version 0
         ref = fresh.generate([p + pre[r]], SamplingParams(max_new_tokens=1, temperature=0))[0]
+        assert ref.mixed_versions is False
         stale += not torch.equal(o.logprob_tensor[k : k + 1], ref.logprob_tensor)
     assert stale > 0, "kept caches of old weights must show up in the first post-swap logprobs"
 

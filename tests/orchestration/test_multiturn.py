@@ -145,7 +145,8 @@ def test_weight_swap_between_turns(numerics, policy):
     and parity per token under the weights that sampled it: tokens sampled before the swap equal the trainer
     under version 0; under 'recompute' the tokens after it equal the trainer under version 1 (their whole
     context was recomputed). Under 'keep' a post-swap token decodes from a cache of both versions, so no
-    single-version rescoring reproduces it: the precision part of the staleness split."""
+    single-version rescoring reproduces it: the precision part of the staleness split. Such samples say so
+    (Sample.mixed_versions); every sample that does not is reproduced token by token under its versions."""
     first, second, v0, v1, task = run_with_swap(numerics, policy)
     assert task.live_episodes == 0
     versions = [[t.admission_version for t in s.turns] for s in second.groups[0].samples]
@@ -164,9 +165,13 @@ def test_weight_swap_between_turns(numerics, policy):
         old, newer = m & (s.gen_version == 0), m & (s.gen_version == 1)
         assert torch.equal(a[old], s.gen_logprobs[old])
         n_new += int(newer.sum())
-        if policy == "recompute":
+        assert s.mixed_versions is not None and not (policy == "recompute" and s.mixed_versions)
+        if policy == "keep" and old.any() and newer.any():
+            assert s.mixed_versions  # its later turn decoded on the cache its first turn left under version 0
+        if not s.mixed_versions:
             assert torch.equal(b[newer], s.gen_logprobs[newer])
     assert n_new > 0
+    assert any(s.mixed_versions for s in samples) is (policy == "keep")
 
 
 # --------------------------------------------------------------------------------------------- masks

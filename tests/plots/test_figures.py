@@ -101,6 +101,21 @@ def test_mismatch_zeros_on_floor_and_split(built):
     assert rec["zero_floor"] < smallest < 100 * rec["zero_floor"]  # one decade below the smallest value's decade
 
 
+def test_mismatch_draws_the_unmixed_precision_part_where_logged(tmp_path):
+    """Runs that log the precision part over samples no hot swap mixed get it as a third line of the split row:
+    exactly 0 for bi (drawn on the floor), positive for stock."""
+    for arm in ("bi", "stock"):
+        d = synth.write_run(tmp_path / "runs", arm, 4, eval_every=0)
+        rows = [json.loads(line) for line in open(d / "metrics.jsonl")]
+        for r in rows:
+            r["bit_wise/logprob_diff/precision_unmixed_abs_mean"] = r["bit_wise/logprob_diff/precision_abs_mean"]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rec = build_figures(tmp_path / "runs", tmp_path / "out", figures=["mismatch"], **FAST)["figures"]["mismatch_math_tiny"]
+    assert rec["metrics"][1:] == [PRECISION, "bit_wise/logprob_diff/staleness_abs_mean",
+                                  "bit_wise/logprob_diff/precision_unmixed_abs_mean"]
+    assert rec["exact_zeros_drawn"] == [0, 1]
+
+
 def test_cost_table_ratios(matrix):
     rows = {(r["arm"], r["offpolicy"]): r for r in cost_table(load_runs(str(matrix / "*")))}
     bi, stock = rows[("bi", 4)], rows[("stock", 4)]

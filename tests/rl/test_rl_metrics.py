@@ -89,6 +89,14 @@ def test_decomposition_hand_case():
     assert torch.equal(d[P + "abs_mean"], m[P + "abs_mean"]) and torch.equal(d[P + "mean"], m[P + "mean"])
     half = mismatch_decomposition(t_cur, t_old, gen, torch.ones(3), global_valid_tokens=4)
     assert float(half[P + "precision_abs_mean"]) == 0.375 / 2
+    # the precision part over tokens of unmixed samples only (token 1 here), and their share of valid tokens
+    u = mismatch_decomposition(t_cur, t_old, gen, torch.ones(3), unmixed=torch.tensor([False, True, True]))
+    assert float(u[P + "precision_unmixed_abs_mean"]) == 0.5
+    assert float(u["bit_wise/unmixed_token_fraction"]) == 0.5
+    assert torch.equal(u[P + "precision_abs_mean"], d[P + "precision_abs_mean"])  # the rest is unchanged
+    none = mismatch_decomposition(t_cur, t_old, gen, torch.ones(3), unmixed=torch.tensor([False, False, True]))
+    assert P + "precision_unmixed_abs_mean" not in none and float(none["bit_wise/unmixed_token_fraction"]) == 0.0
+    assert "bit_wise/unmixed_token_fraction" not in d  # no flags given: nothing claimed
 
 
 def test_decomposition_is_exact_on_dyadic_inputs():

@@ -319,6 +319,7 @@ class Engine:
             s.generated.append(tok)
             s.logprobs.append(logprobs[i : i + 1])  # a view of this step's host tensor
             s.versions.append(self.version)
+            s.mixed_versions |= s.stale_cache
             self.stats["tokens_generated"] += 1
             turn_len = len(s.generated) - s.turn_start
             if tok in s.params.stop_token_ids:
@@ -351,6 +352,7 @@ class Engine:
             s.finish_reason,
             list(s.tokens),
             lp,
+            s.mixed_versions,
         )
 
     def _check_fits(self, n_tokens: int, what: str) -> None:

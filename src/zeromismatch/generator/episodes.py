@@ -91,7 +91,7 @@ class _Rollout:
     def add_model_turn(self, out: GenerationOutput) -> list[int]:
         n = len(out.logprob_tensor)  # this turn's tokens (out.tokens holds every turn's)
         tokens = list(out.tokens[-n:])
-        self.turns.append(Turn(tuple(tokens), out.admission_version))
+        self.turns.append(Turn(tuple(tokens), out.admission_version, out.mixed_versions))
         self.pieces.append((tokens, out.logprob_tensor.float().cpu(), list(out.versions[-n:])))
         self.context_len = len(out.all_tokens)
         return tokens

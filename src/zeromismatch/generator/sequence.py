@@ -20,6 +20,9 @@ class GenerationOutput:
     finish_reason: str  # "stop" | "length"
     all_tokens: list[int] = field(default_factory=list)  # prompt + every turn, as the trainer will see it
     logprob_tensor: torch.Tensor | None = None  # fp32 logprobs of this turn's generated tokens, bit-exact
+    # True: some token was sampled from a cache that still held entries of older weights (a 'keep' swap), so
+    # no single weight version reproduces it; None: the backend cannot tell
+    mixed_versions: bool | None = None
 
 
 @dataclass(eq=False)
@@ -41,6 +44,7 @@ class Sequence:
     looked_up: bool = False
     finish_reason: str | None = None
     stale_cache: bool = False  # cache kept across a 'keep' swap: mixes weight versions, never shared
+    mixed_versions: bool = False  # a token was sampled while stale_cache (sticky; see GenerationOutput)
 
     @property
     def num_tokens(self) -> int:

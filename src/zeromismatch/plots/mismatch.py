@@ -34,6 +34,7 @@ from .smoothing import seed_band
 MISMATCH = "bit_wise/logprob_diff/abs_mean"
 PRECISION = "bit_wise/logprob_diff/precision_abs_mean"
 STALENESS = "bit_wise/logprob_diff/staleness_abs_mean"
+PRECISION_UNMIXED = "bit_wise/logprob_diff/precision_unmixed_abs_mean"  # samples no hot swap mixed (rl/metrics.py)
 
 ZERO_LABEL = "0 (bitwise)"
 
@@ -83,7 +84,8 @@ def plot_mismatch(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figur
     """(c) bit_wise/logprob_diff/abs_mean vs step, log y (write-up: the logprob mismatch figure). Exact zeros
     (BI at step 0 / on-policy) are drawn on a dotted floor line a decade below the smallest positive value,
     annotated "0 (bitwise)". Second row (ours, when logged): the precision part (t_old - gen, solid) and the
-    staleness part (t_cur - t_old, dashed) of the same gap. Per arm the mean over its runs (seeds), the seeds'
+    staleness part (t_cur - t_old, dashed) of the same gap, and where logged the precision part over the samples
+    that no hot swap mixed (dotted). Per arm the mean over its runs (seeds), the seeds'
     range shaded. Smoothing (ema_weight) applies to the lines; the zero markers are always the raw values."""
     out_dir = Path(out_dir)
     with_key = [r for r in runs if r.has(MISMATCH)]
@@ -92,14 +94,16 @@ def plot_mismatch(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figur
         ops = offpolicies_of(groups)
         members = [r for rs in groups.values() for r in rs]
         split = any(r.has(PRECISION) or r.has(STALENESS) for r in members)
-        keys = [MISMATCH] + ([PRECISION, STALENESS] if split else [])
+        unmixed = any(r.has(PRECISION_UNMIXED) for r in members)
+        split_keys = [PRECISION, STALENESS] + ([PRECISION_UNMIXED] if unmixed else [])
+        keys = [MISMATCH] + (split_keys if split else [])
         floor = log_floor(r.series(k)[1] for r in members for k in keys)
         top = max((float(r.series(k)[1].max()) for r in members for k in keys if r.series(k)[1].size), default=floor)
         top = max(top, floor * 10) * 2.0  # one y range for every panel: arms and windows compare at a glance
         fig, axes = new_figure(len(ops), 2 if split else 1)
         zeros_at: set[int] = set()
         for j, op in enumerate(ops):
-            for row, row_keys in enumerate([[MISMATCH]] + ([[PRECISION, STALENESS]] if split else [])):
+            for row, row_keys in enumerate([[MISMATCH]] + ([split_keys] if split else [])):
                 ax = axes[row, j]
                 ax.set_yscale("log")
                 any_zero = False
@@ -110,7 +114,7 @@ def plot_mismatch(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figur
                     for key in row_keys:
                         if not any(r.has(key) for r in rs):
                             continue
-                        ls = "--" if key == STALENESS else "-"
+                        ls = {STALENESS: "--", PRECISION_UNMIXED: ":"}.get(key, "-")
                         s, v, lo, hi = seed_band(rs, key, ema_weight)
                         any_zero |= _plot_log(ax, s, v, floor, color=color, ls=ls, low=lo, high=hi)
                         if ema_weight:  # exact zeros of the raw seed mean, marked on the floor
@@ -130,6 +134,8 @@ def plot_mismatch(runs: Sequence[Run], out_dir: str | os.PathLike = "paper_figur
         if split:
             axes[1, 0].set_ylabel("split of the same gap\n(abs_mean)")
             extra = [("precision: t_old − gen", "-"), ("staleness: t_cur − t_old", "--")]
+            if PRECISION_UNMIXED in split_keys:
+                extra.append(("precision, samples no swap mixed", ":"))
         arm_legend(fig, arms_of(groups), extra)
         smooth = f", EMA {ema_weight:g}" if ema_weight else ""
         suptitle(fig, f"Logprob mismatch — {setting_title(setting)}{smooth}")

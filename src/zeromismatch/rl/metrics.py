@@ -116,6 +116,7 @@ def mismatch_decomposition(
     loss_mask: torch.Tensor,
     *,
     global_valid_tokens: int | float | torch.Tensor | None = None,
+    unmixed: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Split the mismatch the loss sees into numerics and staleness (not in the published metrics).
 
@@ -133,8 +134,12 @@ def mismatch_decomposition(
 
     Caveat for samples that span a hot swap: the generator decoded the later tokens from a cache filled
     under the older weights, while t_old recomputes the whole prefix under the token's version. That
-    cache-mixing effect lands in the precision part; restrict to single-version samples for a pure
-    numerics number.
+    cache-mixing effect lands in the precision part. `unmixed` (bool per token: its sample never sampled
+    from such a cache, Sample.mixed_versions False) gives the pure numerics number besides:
+      bit_wise/logprob_diff/precision_unmixed_abs_mean  |t_old - gen| over valid tokens of unmixed samples
+                                                         (absent when there are none)
+      bit_wise/unmixed_token_fraction                    their share of the valid tokens
+    With batch-invariant numerics the first is exactly 0 at every step, swaps or not.
     """
     valid = valid_token_mask(loss_mask, gen_logprobs)
     _check_finite_on(valid, trainer_logprobs, "trainer_logprobs")
@@ -149,6 +154,12 @@ def mismatch_decomposition(
         d = torch.where(valid, d, zero)
         out[f"{_P}{name}abs_mean"] = d.abs().sum() / n
         out[f"{_P}{name}mean"] = d.sum() / n
+    if unmixed is not None:
+        pure = valid & unmixed.to(valid.device, torch.bool)
+        n_pure = pure.sum().to(f64)
+        out["bit_wise/unmixed_token_fraction"] = n_pure / valid.sum().clamp(min=1).to(f64)
+        if bool(n_pure > 0):
+            out[f"{_P}precision_unmixed_abs_mean"] = torch.where(pure, parts[1], zero).abs().sum() / n_pure
     return out
 
 

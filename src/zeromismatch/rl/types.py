@@ -30,10 +30,13 @@ class Turn:
     admission_version: generator weight version when the turn was admitted (started). Weights may be
     hot-swapped while the turn decodes, so its tokens can come from later versions (see
     Sample.gen_version); the off-policy age uses the admission version, the oldest one.
+    mixed_versions: some token was sampled from a cache partly computed by older weights (a hot swap that
+    kept the cache), so no single weight version reproduces it; None when the generator cannot tell.
     """
 
     tokens: tuple[int, ...]
     admission_version: int
+    mixed_versions: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
@@ -124,6 +127,12 @@ class Sample:
         trained = self.loss_mask.bool()
         if trained.any() and int(self.gen_version[trained].min()) < self.min_admission_version:
             raise ValueError("a trained token has gen_version older than the sample's first admission")
+
+    @property
+    def mixed_versions(self) -> bool | None:
+        """Whether any turn sampled from a cache of mixed weight versions (None if a turn cannot tell)."""
+        flags = [t.mixed_versions for t in self.turns]
+        return None if None in flags else any(flags)
 
     @property
     def min_admission_version(self) -> int:

@@ -183,7 +183,11 @@ class Trainer:
                 full[bounds[i]:bounds[i + 1]] = piece
             by_version[v] = full
         t_old = gather_by_version(by_version, versions, mask_all)
-        return {k: float(v) for k, v in mismatch_decomposition(t_cur, t_old, gen_all, mask_all).items()}
+        flags = [s.mixed_versions for s in samples]  # None: the generator could not tell (vLLM)
+        unmixed = None if None in flags else torch.cat(
+            [torch.full((s.loss_mask.numel(),), not f, dtype=torch.bool) for s, f in zip(samples, flags)])
+        parts = mismatch_decomposition(t_cur, t_old, gen_all, mask_all, unmixed=unmixed)
+        return {k: float(v) for k, v in parts.items()}
 
     def _rescore(self, samples, weights) -> torch.Tensor:
         # Under FSDP `weights` is a sharded (DTensor) state dict: each rank keeps 1/world of the history.
