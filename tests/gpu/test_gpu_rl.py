@@ -55,6 +55,9 @@ def check_run(out: dict, mode: str) -> None:
         assert step0 > 0.0, step0
     else:
         assert step0 == 0.0, step0
+        # after step 0 only samples a weight swap mixed may differ from the trainer at their versions
+        unmixed = "bit_wise/logprob_diff/precision_unmixed_abs_mean"
+        assert all(h[unmixed] == 0.0 for h in hist if unmixed in h), [h.get(unmixed) for h in hist]
     assert max(h["train_batch/policy_age_max"] for h in hist) <= OFFPOLICY
     for h in hist:
         assert torch.isfinite(torch.tensor(h["train/loss"])), h
