@@ -5,7 +5,8 @@ trainer.microbatch_tokens=16384 packs 4 of them), gradients accumulated over the
 qwen3_5_mid and a 9B-shaped model (Qwen3.5-9B's width, --layers_9b of its layers, random weights). Reports
 step ms (median of --reps after one warmup step), its forward / backward split, tokens/s, model FLOPs
 utilization (6 x parameters x tokens, embeddings excluded, lm_head included, against --peak_tflops: the
-measured bf16 matmul rate) and peak GPU memory. The optimizer step is not timed (AdamW: one pass over the
+measured bf16 matmul rate; the recomputed forward of --activation_checkpointing is not counted) and peak GPU
+memory. The optimizer step is not timed (AdamW: one pass over the
 parameters, the same in every mode)."""
 
 import contextlib
@@ -30,6 +31,9 @@ def extra_args(ap):
     ap.add_argument("--torch_scan", action="store_true",
                     help="also time stock with the GDN scan over chunks as the torch loop (ops/gdn/naive.py "
                          "chunk_scan) instead of the Triton kernels: 'stock_torch_scan'")
+    ap.add_argument("--activation_checkpointing", action="store_true",
+                    help="also time every mode with each layer recomputed in backward "
+                         "(trainer.activation_checkpointing): '<mode>_ac'")
     ap.add_argument("--profile", action="store_true",
                     help="profile one microbatch per mode on the first model -> h200_trainer_profile.txt")
 
@@ -130,8 +134,10 @@ def main():
         tokens = args.seqs * (args.seq_len - 1)
         res[name] = {"params": n, "tokens": args.seqs * args.seq_len, "model_tflop": 6 * n * tokens / 1e12}
         modes = args.modes.split(",") + (["stock_torch_scan"] if args.torch_scan else [])
+        modes += [f"{m}_ac" for m in args.modes.split(",")] if args.activation_checkpointing else []
         for mode in modes:
-            model.set_numerics(mode.removesuffix("_torch_scan"))
+            model.set_numerics(mode.removesuffix("_ac").removesuffix("_torch_scan"))
+            model.activation_checkpointing = mode.endswith("_ac")
             with torch_scan(mode.endswith("_torch_scan")):
                 res[name][mode] = measure(model, seqs, args.reps, 6 * n * tokens, args.peak_tflops)
                 if args.profile and name == args.models.split(",")[0] and not mode.endswith("_torch_scan"):

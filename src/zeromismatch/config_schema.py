@@ -248,6 +248,7 @@ TRAINER: Group = {
     "optimizer": one_of("adamw"), "lr": number(0, lo_open=True), "betas": list_of(number(0, 1, hi_open=True), 2),
     "eps": number(0, lo_open=True), "weight_decay": number(0), "grad_clip": number(0, lo_open=True, optional=True),
     "microbatch_tokens": POSITIVE_INT, "dtype": one_of("float32", "bfloat16", "float16"),
+    "activation_checkpointing": BOOL,
 }  # fmt: skip
 
 LOGGING: Group = {

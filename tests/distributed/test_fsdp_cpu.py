@@ -38,6 +38,7 @@ CONFIGS = {
     "clip_fast": dict(grad_clip=1e-3, exact_grad_norm=False),  # DTensor norm: tolerance
     "two_mb_per_rank": dict(microbatch_tokens=16),  # 4 microbatches, 2 per rank: re-associated, tolerance
     "uneven": dict(groups=3),  # 3 microbatches: rank 0 runs 1 + a no-op microbatch, rank 1 runs 2
+    "recompute": dict(activation_checkpointing=True),  # each layer run again in backward, inside FSDP's units
 }
 NAMES = list(CONFIGS)
 # Tolerances for the non-bitwise configurations. AdamW divides by sqrt(v): a coordinate whose gradient
@@ -111,6 +112,13 @@ def test_fsdp_bitwise_equals_single_process(runs, name):
     assert ref["metrics"][0]["bit_wise/logprob_diff/abs_mean"] > 0
     if name == "clip_exact":
         assert ref["metrics"][0]["train/grad_norm"] > 100 * CONFIGS[name]["grad_clip"]  # clipping is active
+
+
+def test_activation_checkpointing_changes_no_bit(runs):
+    """FSDP with each layer recomputed in backward == the plain single-process run, metrics and weights."""
+    refs, got, _ = runs
+    assert compare(refs["noclip"], refs["recompute"]) == []
+    assert compare(refs["noclip"], got[0]["recompute"]) == []
 
 
 def test_fsdp_bitwise_checks_are_not_vacuous(runs):

@@ -80,6 +80,15 @@ def test_kill_and_resume_is_bitwise(tmp_path):
     assert all(h["bit_wise/logprob_diff/precision_abs_mean"] == 0.0 for h in full["history"])
 
 
+def test_activation_checkpointing_changes_no_bit_of_a_run(tmp_path):
+    """trainer.activation_checkpointing=true: the same metrics, step by step, as the run without it."""
+    runs = [rl_job.main(cfg_for(tmp_path, f"ac_{on}", "numerics=bi", "rl.steps=3", "rl.deterministic=true",
+                                f"trainer.activation_checkpointing={on}"))["history"] for on in ("false", "true")]
+    strip = lambda h: {k: v for k, v in h.items() if not k.startswith("perf/")}
+    assert [strip(h) for h in runs[0]] == [strip(h) for h in runs[1]]
+    assert runs[0][-1]["train/grad_norm"] > 0
+
+
 @needs_ray
 def test_ray_backend_async_run(tmp_path):
     """rl.backend=ray (2 generator actors, 2 trainer ranks, a broadcast after each step): the threaded async

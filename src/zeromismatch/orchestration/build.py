@@ -28,6 +28,7 @@ def loss_overrides(rl) -> dict:
 
 def build_trainer(cfg, model) -> Trainer:
     rl, tr = cfg.rl, cfg.trainer
+    model.activation_checkpointing = bool(tr.get("activation_checkpointing", False))
     return Trainer(
         model,
         lr=float(tr.lr),

@@ -44,6 +44,7 @@ DEFAULTS = dict(
     lr=1e-3,
     grad_clip=None,
     exact_grad_norm=True,
+    activation_checkpointing=False,
     staleness_split=True,
 )
 
@@ -109,6 +110,7 @@ def run_single(cfg: dict) -> dict:
     """The single-process reference: metrics per step and the final weights."""
     cfg = {**DEFAULTS, **cfg}
     model = build_model(cfg["preset"], cfg["numerics"], seed=cfg["seed"])
+    model.activation_checkpointing = cfg["activation_checkpointing"]
     batches = synthetic_batches(model, cfg)
     trainer = make_trainer(model, cfg)
     metrics = [_strip(trainer.train_step(b)) for b in batches]
@@ -121,6 +123,7 @@ def run_fsdp(cfg: dict) -> dict:
     cfg = {**DEFAULTS, **cfg}
     model = build_model(cfg["preset"], cfg["numerics"], seed=cfg["seed"])
     batches = synthetic_batches(model, cfg)  # before wrapping: identical on every rank, no collectives
+    model.activation_checkpointing = cfg["activation_checkpointing"]
     apply_fsdp(model)
     trainer = make_trainer(model, cfg)
     metrics = [_strip(trainer.train_step(b)) for b in batches]
@@ -169,11 +172,14 @@ def main(argv=None) -> int:
     ap.add_argument("--microbatch-tokens", type=int, default=DEFAULTS["microbatch_tokens"])
     ap.add_argument("--grad-clip", type=float, default=None)
     ap.add_argument("--fast-grad-norm", action="store_true", help="DTensor norm reduction (not bitwise)")
-    ap.add_argument("--check", action="store_true", help="rank 0 compares with a single-process replay")
+    ap.add_argument("--activation-checkpointing", action="store_true", help="recompute each layer in backward")
+    ap.add_argument("--check", action="store_true",
+                    help="rank 0 compares with a single-process replay (without activation checkpointing)")
     a = ap.parse_args(argv)
     cfg = {
         "preset": a.preset, "numerics": a.numerics, "steps": a.steps, "microbatch_tokens": a.microbatch_tokens,
         "grad_clip": a.grad_clip, "exact_grad_norm": not a.fast_grad_norm,
+        "activation_checkpointing": a.activation_checkpointing,
     }
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     info = init_distributed()
@@ -185,7 +191,7 @@ def main(argv=None) -> int:
             print(f"step {s}: loss {m['train/loss']!r} abs_mean {m['bit_wise/logprob_diff/abs_mean']!r}")
         print(f"world {info.world_size}: {time.perf_counter() - t0:.1f} s")
         if a.check:
-            bad = compare(run_single(cfg), got)
+            bad = compare(run_single({**cfg, "activation_checkpointing": False}), got)
             print("CHECK:", "bitwise equal" if not bad else "\n  ".join(["DIFFERENT"] + bad))
             rc = 1 if bad else 0
     destroy_distributed()

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from ...numerics import Numerics, get_numerics
 from ...ops.conv import causal_conv
@@ -292,6 +293,9 @@ class Qwen35ForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.numerics = get_numerics(numerics)
+        # trainer.activation_checkpointing: under autograd keep each layer's input only and run the layer again in
+        # backward (same kernels on the same input, so the same bits); off for the generator's no-grad forwards
+        self.activation_checkpointing = False
         self.model = TextModel(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
@@ -349,8 +353,9 @@ class Qwen35ForCausalLM(nn.Module):
         nx = self.numerics
         h = self.model.embed_tokens(input_ids)
         ctx.record("embed", h)
+        recompute = self.activation_checkpointing and torch.is_grad_enabled() and cache is None and tap is None
         for layer in self.model.layers:
-            h = layer(h, ctx, nx)
+            h = checkpoint(layer, h, ctx, nx, use_reentrant=False) if recompute else layer(h, ctx, nx)
         h = self.model.norm(h)
         ctx.record("final_norm", h)
         return h
