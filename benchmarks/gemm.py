@@ -5,7 +5,11 @@
 - decode: M 1-256, GPU time from CUDA-graph replay over 4 rotating weight copies (eager timing of a ~20 us
   kernel measures the Python launch path: `decode_eager` shows it), plus alternative configs (same bits)
 - lm_head_fp32: fp32 lm_head shapes (qwen3_5_mid's and the 9B's vocab), our FMA kernel's configs and
-  candidates (wider tiles; tf32x3: accuracy, same bits across configs) vs torch fp32 (--sections picks parts)
+  candidates (wider tiles; tf32x3: accuracy, same bits across configs) vs torch fp32
+- lm_head: the head as it runs now (ops/linear/head.py: bf16 operands, fp32 accumulator and logits) at the same
+  shapes: ours (the policy's pick, fp32 output) and cuBLAS with an fp32 output (stock), against the fp32 forms
+  (our FMA kernel f32, cuBLAS SGEMM), with the relative error to float64 and alternative tiles for training rows
+(--sections picks parts)
 Ratios are ours / cuBLAS.
 """
 
@@ -106,18 +110,56 @@ def lm_head_fp32(linear_raw):
     return out
 
 
+def lm_head(linear_raw, pick, tma_ok):
+    from zeromismatch.ops.linear.triton import CONFIGS, Cfg, fit_smem
+
+    out = {}
+    alts = {"p256_s3": Cfg(128, 256, 64, 8, 3, tma=True, persistent=True, epi_split=True),
+            "m128_tma": fit_smem(CONFIGS["m128_tma"], torch.float32), "m128": CONFIGS["m128"]}
+    for m, k, n in ((1, 1024, 32768), (64, 1024, 32768), (4096, 1024, 32768), (1, 4096, 248320), (64, 4096, 248320),
+                    (4096, 4096, 248320)):
+        x, w = rand(m, k, seed=14), rand(n, k, seed=15, scale=0.02)
+        xf, wf = x.float(), w.float()
+        name = pick(m, n, k, x.dtype, tma_ok(x, w, n))
+        timer = bench if m > 64 else (lambda f: bench_graph([f]))
+        r = {"policy_cfg": name, "ours_ms": timer(lambda: linear_raw(x, w, out_dtype=torch.float32)),
+             "cublas_fp32_out_ms": timer(lambda: torch.mm(x, w.t(), out_dtype=torch.float32)),
+             "ours_fp32_fma_ms": timer(lambda: linear_raw(xf, wf)),
+             "cublas_sgemm_ms": timer(lambda: F.linear(xf, wf))}
+        if m > 64:
+            for a, cfg in alts.items():
+                try:
+                    r[a + "_ms"] = bench(lambda: linear_raw(x, w, cfg, out_dtype=torch.float32))
+                except Exception as e:  # a config that does not compile here is recorded, not fatal
+                    r[a + "_error"] = repr(e)[:200]
+        rows = slice(0, min(m, 64))
+        ref = x[rows].double() @ w.double().t()
+        for key, y in (("ours", linear_raw(x, w, out_dtype=torch.float32)[rows]),
+                       ("cublas_fp32_out", torch.mm(x, w.t(), out_dtype=torch.float32)[rows]),
+                       ("fp32_sgemm", F.linear(xf, wf)[rows]), ("bf16_out", F.linear(x, w)[rows])):
+            r[key + "_rel_err"] = float((y.double() - ref).norm() / ref.norm())
+        r["ours_vs_fp32_fma"] = r["ours_fp32_fma_ms"] / r["ours_ms"]
+        r["ours_vs_cublas_fp32_out"] = r["ours_ms"] / r["cublas_fp32_out_ms"]
+        r["weight_read_floor_ms"] = n * k * 2 / 4.25e12 * 1e3
+        r["tflops"] = 2 * m * n * k / r["ours_ms"] / 1e9
+        out[f"M{m}_K{k}_N{n}"] = r
+        log("lm_head", m, k, n, {a: round(v, 4) for a, v in r.items() if isinstance(v, float)})
+    return out
+
+
 def geomean(vals):
     return float(torch.tensor(vals).log().mean().exp()) if vals else None
 
 
 def main():
-    args = parse_args(__doc__, lambda ap: ap.add_argument("--sections", default="ceilings,train,decode,lm_head_fp32"))
+    args = parse_args(__doc__, lambda ap: ap.add_argument("--sections", default="ceilings,train,decode,lm_head"))
     from zeromismatch.ops.linear.triton import _tma_ok, linear_raw, pick
 
     res, only = {}, set(args.sections.split(","))
     for name, fn in (("ceilings", ceilings), ("train", lambda: train_shapes(linear_raw, pick, _tma_ok)),
                      ("decode", lambda: decode_shapes(linear_raw, pick, _tma_ok)),
-                     ("lm_head_fp32", lambda: lm_head_fp32(linear_raw))):
+                     ("lm_head_fp32", lambda: lm_head_fp32(linear_raw)),
+                     ("lm_head", lambda: lm_head(linear_raw, pick, _tma_ok))):
         if name not in only:
             continue
         log("gemm", name)

@@ -11,9 +11,10 @@ parameters, the same in every mode)."""
 
 import contextlib
 import statistics
+import time
 
 import torch
-from common import DEV, log, parse_args, write_json
+from common import DEV, fp32_head, log, parse_args, write_json
 from generator import build
 
 MODES = ("stock", "bi", "bi_chunk")
@@ -31,11 +32,30 @@ def extra_args(ap):
     ap.add_argument("--torch_scan", action="store_true",
                     help="also time stock with the GDN scan over chunks as the torch loop (ops/gdn/naive.py "
                          "chunk_scan) instead of the Triton kernels: 'stock_torch_scan'")
+    ap.add_argument("--compile_prep", action="store_true",
+                    help="also time every mode with the GDN chunk-parallel part under torch.compile "
+                         "(ops/gdn/autograd.py COMPILE_PREP): '<mode>_compile'")
+    ap.add_argument("--fp32_head", action="store_true",
+                    help="also time every mode with the lm_head as the fp32 GEMM of the casts (the form before "
+                         "ops/linear/head.py's tensor-core head): '<mode>_fp32_head'")
     ap.add_argument("--activation_checkpointing", action="store_true",
                     help="also time every mode with each layer recomputed in backward "
                          "(trainer.activation_checkpointing): '<mode>_ac'")
     ap.add_argument("--profile", action="store_true",
                     help="profile one microbatch per mode on the first model -> h200_trainer_profile.txt")
+
+
+@contextlib.contextmanager
+def compile_prep(on: bool):
+    """The GDN chunk-parallel part under torch.compile while on (autograd.COMPILE_PREP)."""
+    import zeromismatch.ops.gdn.autograd as ag
+
+    flag = ag.COMPILE_PREP
+    ag.COMPILE_PREP = on
+    try:
+        yield
+    finally:
+        ag.COMPILE_PREP = flag
 
 
 @contextlib.contextmanager
@@ -72,7 +92,9 @@ def step(model, microbatches: list[list[list[int]]]) -> tuple[float, float]:
 def measure(model, seqs, reps: int, flops: float, peak: float) -> dict:
     model.zero_grad(set_to_none=True)
     torch.cuda.reset_peak_memory_stats()
-    step(model, seqs)  # warmup: Triton compiles, autotuning, allocator
+    t0 = time.perf_counter()
+    step(model, seqs)  # warmup: Triton compiles, autotuning, allocator (and torch.compile)
+    warmup_s = time.perf_counter() - t0
     times = []
     for _ in range(reps):
         model.zero_grad(set_to_none=True)
@@ -82,7 +104,7 @@ def measure(model, seqs, reps: int, flops: float, peak: float) -> dict:
     tokens = sum(len(s) for mb in seqs for s in mb)
     return {"step_ms": ms, "fwd_ms": f, "bwd_ms": b, "tokens_per_s": tokens / ms * 1e3,
             "mfu": flops / (ms * 1e-3) / (peak * 1e12), "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9,
-            "reps_ms": [t[0] + t[1] for t in times]}
+            "reps_ms": [t[0] + t[1] for t in times], "warmup_s": warmup_s}
 
 
 def profile(model, mb, mode: str) -> str:
@@ -134,11 +156,18 @@ def main():
         tokens = args.seqs * (args.seq_len - 1)
         res[name] = {"params": n, "tokens": args.seqs * args.seq_len, "model_tflop": 6 * n * tokens / 1e12}
         modes = args.modes.split(",") + (["stock_torch_scan"] if args.torch_scan else [])
+        modes += [f"{m}_fp32_head" for m in args.modes.split(",")] if args.fp32_head else []
+        modes += [f"{m}_compile" for m in args.modes.split(",")] if args.compile_prep else []
         modes += [f"{m}_ac" for m in args.modes.split(",")] if args.activation_checkpointing else []
         for mode in modes:
-            model.set_numerics(mode.removesuffix("_ac").removesuffix("_torch_scan"))
+            base = mode
+            for suffix in ("_ac", "_torch_scan", "_fp32_head", "_compile"):
+                base = base.removesuffix(suffix)
+            model.set_numerics(base)
+            if mode.endswith("_fp32_head"):
+                model.set_numerics(fp32_head(model.numerics))
             model.activation_checkpointing = mode.endswith("_ac")
-            with torch_scan(mode.endswith("_torch_scan")):
+            with torch_scan(mode.endswith("_torch_scan")), compile_prep(mode.endswith("_compile")):
                 res[name][mode] = measure(model, seqs, args.reps, 6 * n * tokens, args.peak_tflops)
                 if args.profile and name == args.models.split(",")[0] and not mode.endswith("_torch_scan"):
                     with open(f"{args.out}/h200_trainer_profile.txt", "a") as f:

@@ -71,6 +71,29 @@ def test_linear_fp32_invariant_and_accurate():
     assert ((full.double() - ref).norm() / ref.norm()).item() < 1e-6
 
 
+@pytest.mark.parametrize("k,n", [(1024, 32768), (4096, 248320), (4096, 4100), (256, 96)])
+def test_lm_head_fp32_output_invariant_every_config_and_fp32_accurate(k, n):
+    """The lm_head (ops/linear/head.py): bf16 operands, fp32 accumulator stored as the fp32 logits. Rows do not
+    depend on the call's other rows or on the tile config (the TMA ones with their epilogue and stages fitted to
+    the wider output); the logits are fp32-accurate, as the fp32 GEMM of the casts is, and so is cuBLAS's
+    fp32-output GEMM (stock)."""
+    from zeromismatch.ops.linear.triton import CONFIGS, _tma_ok, linear_raw
+
+    x = torch.randn(2048, k, device=DEV, generator=_gen(21)).bfloat16()
+    w = (torch.randn(n, k, device=DEV, generator=_gen(22)) * 0.02).bfloat16()
+    full = linear_raw(x, w, out_dtype=torch.float32)
+    assert full.dtype == torch.float32
+    for m in (1, 3, 16, 33, 64, 65, 300, 1024):
+        assert torch.equal(linear_raw(x[:m], w, out_dtype=torch.float32), full[:m]), m
+    for name, cfg in CONFIGS.items():
+        if name.startswith("f32") or (cfg.tma and not _tma_ok(x, w, n)):
+            continue
+        assert torch.equal(linear_raw(x[:300], w, name, out_dtype=torch.float32), full[:300]), name
+    ref = x[:64].double() @ w.double().t()
+    for y in (full[:64], torch.mm(x[:64], w.t(), out_dtype=torch.float32), x[:64].float() @ w.float().t()):
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6
+
+
 @pytest.mark.parametrize("dtype,m,k,n", [(torch.bfloat16, 64, 256, 320), (torch.float32, 64, 256, 320),
                                          (torch.bfloat16, 64, 2048, 256), (torch.bfloat16, 64, 48, 192),
                                          (torch.float32, 64, 128, 128), (torch.float32, 64, 64, 96)])

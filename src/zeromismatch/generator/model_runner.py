@@ -137,7 +137,7 @@ class ModelRunner:
             + tables + [spare_block] * (pad * width))
         g.meta.copy_(host, non_blocking=True)
         with torch.no_grad():
-            self.model.lm_head_fp32()  # refreshes, in place, the cast the graph reads if the weights moved
+            self.model.refresh_lm_head_copy()  # in place: the fp32 cast a graph may read, if the weights moved
         g.replay()
         self.stats["graph_steps"] += 1
         return g.logits[:b]

@@ -53,6 +53,8 @@ class Numerics:
     sigmoid: Callable[[torch.Tensor], torch.Tensor]
     softplus: Callable[[torch.Tensor], torch.Tensor]
     attention: Callable[..., torch.Tensor]
+    # the fp32 lm_head (h, weight, weight_fp32 thunk) -> fp32 logits (ops/linear/head.py)
+    logits: Callable[..., torch.Tensor] = invariant_linear.stock_logits
     # routed experts (x, top_w, top_i, gate_up, down) -> [N, H]; ops/moe (a `.name` attribute for describe())
     experts: Callable[..., torch.Tensor] = moe.stock
     gemm_policy: str = DEFAULT_GEMM_POLICY
@@ -86,7 +88,8 @@ def get_numerics(spec: str | Numerics | Mapping[str, Any] = "stock") -> Numerics
         raise ValueError(f"chunk_dots must be one of {CHUNK_DOTS}, got {chunk_dots!r}")
     policies = dict(gemm_policy=gemm_policy, chunk_dots=chunk_dots)
     if name == "stock":
-        return Numerics("stock", ChunkGDN(), F.linear, F.silu, torch.sigmoid, F.softplus, sdpa_attention, **policies)
+        return Numerics("stock", ChunkGDN(), F.linear, F.silu, torch.sigmoid, F.softplus, sdpa_attention,
+                        invariant_linear.stock_logits, **policies)
     if name in ("bi", "bi_chunk"):
         gdn = RecurrentGDN() if name == "bi" else AlignedChunkGDN(dots=chunk_dots)
         return Numerics(
@@ -97,6 +100,7 @@ def get_numerics(spec: str | Numerics | Mapping[str, Any] = "stock") -> Numerics
             activations.sigmoid,
             activations.softplus,
             invariant_attention,
+            partial(invariant_linear.invariant_logits, policy=gemm_policy),
             moe.invariant,
             **policies,
         )

@@ -361,14 +361,21 @@ class Qwen35ForCausalLM(nn.Module):
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """fp32 logits of final-norm hidden rows: the lm_head in fp32 whatever the activation dtype."""
-        return self.numerics.linear(h.float(), self.lm_head_fp32())
+        """fp32 logits of final-norm hidden rows: the lm_head in fp32 whatever the activation dtype (bf16 operands
+        on CUDA: exact products, fp32 sums, ops/linear/head.py)."""
+        return self.numerics.logits(h, self.lm_head.weight, self.lm_head_fp32)
+
+    def refresh_lm_head_copy(self) -> None:
+        """Before a CUDA-graph replay: bring the kept fp32 cast of the lm_head up to date if a forward made one (the
+        fp32 path of `logits`; the bf16 tensor-core head makes none)."""
+        if getattr(self, "_lm_head_cache", None) is not None:
+            self.lm_head_fp32()
 
     def lm_head_fp32(self) -> torch.Tensor:
-        """The lm_head weight in fp32. Without autograd the cast is kept until the weight changes (its version
-        counter moves on every in-place update: update_weights, an optimizer step), then refreshed in place, so
-        a captured CUDA graph reads the new values too: a 9B decode step would otherwise write and read a 4 GB
-        copy each time. Same values as .float() either way."""
+        """The lm_head weight in fp32, for the fp32 path of `logits` (CPU, fp32 weights). Without autograd the cast
+        is kept until the weight changes (its version counter moves on every in-place update: update_weights, an
+        optimizer step), then refreshed in place, so a captured CUDA graph reads the new values too: a decode step
+        would otherwise write and read the whole copy each time. Same values as .float() either way."""
         w = self.lm_head.weight
         if torch.is_grad_enabled() or w.dtype == torch.float32:
             return w.float()

@@ -6,6 +6,7 @@ attention.
 - triton.py       the CUDA GEMM: fixed K order, no split-K; its tile config is chosen by the gemm policy
 - bmm_triton.py   the CUDA batched matmul: tile config from the matrix shape only, never the batch count
 - policy.py       the CUDA GEMM's tile policies (conf/numerics `gemm_policy`)
+- head.py         the fp32 lm_head (stock and invariant): bf16 operands, exact products, fp32 sums and logits
 """
 
 from __future__ import annotations
@@ -36,4 +37,6 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a, b)
 
 
-__all__ = ["DEFAULT_GEMM_POLICY", "GEMM_POLICIES", "bmm", "linear"]
+from .head import invariant_logits, stock_logits  # noqa: E402  (head.py calls `linear` above)
+
+__all__ = ["DEFAULT_GEMM_POLICY", "GEMM_POLICIES", "bmm", "invariant_logits", "linear", "stock_logits"]

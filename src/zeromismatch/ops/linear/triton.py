@@ -16,15 +16,16 @@ share the call *for a given tile config*. The gemm policy (conf/numerics `gemm_p
   Without that cuBLASLt setup the policy falls back to "adaptive". (The adaptive policy's persistent kernel
   already runs at cuBLAS speed at training shapes, so this is an alternative, not a requirement.)
 
-bf16 inputs use the tensor cores (wgmma on Hopper: BLOCK_M >= 64, num_warps a multiple of 4); fp32 inputs
-(the fp32 lm_head) use input_precision="ieee" (FMA, sequential over K: config independent by construction).
+bf16 inputs use the tensor cores (wgmma on Hopper: BLOCK_M >= 64, num_warps a multiple of 4), with a bf16 output
+or, for the lm_head (head.py), the fp32 accumulator itself; fp32 inputs use input_precision="ieee" (FMA,
+sequential over K: config independent by construction).
 Differentiable: the backward is plain torch (it need not be invariant).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -37,6 +38,7 @@ from .policy import DEFAULT_GEMM_POLICY
 HYBRID_MIN_M = 1024  # the hybrid policy's smallest row count sent to cuBLASLt
 BLOCK_K_BF16 = 64
 BLOCK_K_FP32 = 32
+SMEM_BUDGET = 200 * 1024  # bytes of shared memory the largest bf16-output configs use (d64, d32): known to fit
 
 
 @dataclass(frozen=True)
@@ -236,30 +238,51 @@ def cublaslt_invariant_ready() -> bool:
     )
 
 
+def fit_smem(c: Cfg, out_dtype: torch.dtype) -> Cfg:
+    """A TMA config with an output wider than its inputs (bf16 x bf16 -> fp32 logits): the epilogue stages the
+    output tile in shared memory, so the persistent kernel stores it in halves and the pipeline drops stages until
+    the total fits what the bf16-output configs are known to use (SMEM_BUDGET). Same bits: stages and epilogue
+    never change a dot's K order."""
+    if not c.tma or out_dtype.itemsize <= 2:
+        return c
+    if c.persistent:
+        c = replace(c, epi_split=True)
+    def smem(cfg):
+        tile = cfg.bm * (cfg.bn // 2 if cfg.epi_split else cfg.bn) * out_dtype.itemsize
+        return cfg.stages * (cfg.bm + cfg.bn) * cfg.bk * 2 + tile
+    while c.stages > 1 and smem(c) > SMEM_BUDGET:
+        c = replace(c, stages=c.stages - 1)
+    return c
+
+
 def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | Cfg | None = None,
-               policy: str = DEFAULT_GEMM_POLICY) -> torch.Tensor:
-    """x2 [M, K], w [N, K] (same dtype: bf16 or fp32) -> [M, N] in that dtype. cfg_name: a CONFIGS name or a
-    Cfg (experiments); default: chosen by the policy."""
+               policy: str = DEFAULT_GEMM_POLICY, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x2 [M, K], w [N, K] (same dtype: bf16 or fp32) -> [M, N] in that dtype, or in out_dtype (fp32 for the lm_head:
+    the fp32 accumulator stored unrounded). cfg_name: a CONFIGS name or a Cfg (experiments); default: chosen by the
+    policy."""
     configure_cuda()
-    # (bf16 only: cuBLASLt's fp32 GEMM is not batch-invariant even with the workspace starved, measured)
+    out_dtype = out_dtype or x2.dtype
+    # (bf16 only: cuBLASLt's fp32 GEMM is not batch-invariant even with the workspace starved, measured; an fp32
+    # output from bf16 inputs was never measured against ours, so it stays on Triton)
     if (cfg_name is None and policy == "hybrid" and x2.is_cuda and x2.dtype == torch.bfloat16
-            and x2.shape[0] >= HYBRID_MIN_M and cublaslt_invariant_ready()):
+            and out_dtype == x2.dtype and x2.shape[0] >= HYBRID_MIN_M and cublaslt_invariant_ready()):
         return torch.mm(x2, w.t())
     assert x2.dtype == w.dtype and x2.dtype in (torch.bfloat16, torch.float16, torch.float32), (x2.dtype, w.dtype)
+    assert out_dtype in (x2.dtype, torch.float32), (x2.dtype, out_dtype)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     if w.stride(-1) != 1:
         w = w.contiguous()
     m, k = x2.shape
     n = w.shape[0]
-    y = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
+    y = torch.empty(m, n, device=x2.device, dtype=out_dtype)
     if m == 0:
         return y
     tma_ok = _tma_ok(x2, w, n)
     if isinstance(cfg_name, Cfg):
         c = cfg_name
     else:
-        c = CONFIGS[cfg_name or pick(m, n, k, x2.dtype, tma_ok, policy)]
+        c = fit_smem(CONFIGS[cfg_name or pick(m, n, k, x2.dtype, tma_ok, policy)], out_dtype)
     grid = (triton.cdiv(m, c.bm) * triton.cdiv(n, c.bn),)
     if c.tma and c.swap:
         xd = TensorDescriptor.from_tensor(x2, [c.bm, c.bk])

@@ -1,0 +1,81 @@
+"""The fp32 lm_head: fp32 logits of the final-norm hidden rows, whatever the activation dtype.
+
+In a bf16 model both operands hold bf16 values (the final norm casts its output; the weight is a bf16 parameter),
+so every product h_k * w_k is exact in fp32 (8-bit significands). The fp32 GEMM of h.float() and w.float() and a
+tensor-core bf16 GEMM with an fp32 accumulator and fp32 output therefore add the same exact products and differ
+only in the order of their fp32 sums: the logits keep full fp32 precision either way. On CUDA the head runs the
+second form: the bf16 tensor-core rate instead of fp32 FMAs in the trainer (15x at the 9B lm_head's shape), and
+half the weight bytes with no fp32 copy of the weight in decode.
+
+- `stock_logits`: cuBLAS (torch.mm with an fp32 output) on CUDA;
+- `invariant_logits`: the batch-invariant Triton GEMM (triton.linear_raw, fp32 output): bf16 tensor-core dots
+  give the same bits for a row whatever the tile config or the other rows, as for every other bf16 projection;
+- anywhere else (CPU, fp32 weights): the fp32 GEMM of the fp32 casts (`w_fp32()`: the model keeps the cast).
+
+Backward (the trainer's; it needs no invariance): the fp32 logit gradient is rounded to bf16 and both products
+run on tensor cores with fp32 accumulation, as autograd of a bf16 linear computes them; the gradients are bf16
+like their operands either way.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..device import on_gpu
+from .policy import DEFAULT_GEMM_POLICY
+
+
+def _tensor_cores(h: torch.Tensor, w: torch.Tensor) -> bool:
+    return h.dtype == w.dtype == torch.bfloat16
+
+
+class _Head(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h2, w, fwd):
+        ctx.save_for_backward(h2, w)
+        return fwd(h2, w)
+
+    @staticmethod
+    def backward(ctx, gy):
+        h2, w = ctx.saved_tensors
+        g = gy.to(w.dtype)
+        gh = g @ w if ctx.needs_input_grad[0] else None
+        gw = g.t() @ h2 if ctx.needs_input_grad[1] else None
+        return gh, gw, None
+
+
+def _apply(h: torch.Tensor, w: torch.Tensor, fwd: Callable) -> torch.Tensor:
+    *lead, k = h.shape
+    h2 = h.reshape(-1, k)
+    if torch.is_grad_enabled() and (h.requires_grad or w.requires_grad):
+        y = _Head.apply(h2, w, fwd)
+    else:
+        y = fwd(h2, w)
+    return y.reshape(*lead, w.shape[0])
+
+
+def _cublas_fp32_out(h2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.mm(h2, w.t(), out_dtype=torch.float32)
+
+
+def stock_logits(h: torch.Tensor, w: torch.Tensor, w_fp32: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """fp32 logits h @ w^T for stock: cuBLAS with fp32 output for bf16 operands on CUDA, else the fp32 GEMM."""
+    if h.is_cuda and _tensor_cores(h, w):
+        return _apply(h, w, _cublas_fp32_out)
+    return F.linear(h.float(), w_fp32())
+
+
+def invariant_logits(h: torch.Tensor, w: torch.Tensor, w_fp32: Callable[[], torch.Tensor],
+                     policy: str = DEFAULT_GEMM_POLICY) -> torch.Tensor:
+    """fp32 logits h @ w^T, batch-invariant: the invariant GEMM with fp32 output for bf16 operands on CUDA, else the
+    invariant fp32 GEMM (CPU: ops/linear/cpu.py; CUDA fp32 weights: the FMA kernel)."""
+    from . import linear  # the package's dispatching linear (CPU or Triton)
+
+    if on_gpu(h) and _tensor_cores(h, w):
+        from .triton import linear_raw  # lazy: CPU machines have no triton
+
+        return _apply(h, w, lambda h2, w2: linear_raw(h2, w2, policy=policy, out_dtype=torch.float32))
+    return linear(h.float(), w_fp32(), policy=policy)
