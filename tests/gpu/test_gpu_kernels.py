@@ -417,6 +417,25 @@ def test_gdn_scan_triton_matches_torch_loop(dk, dv, prec, scan_precision):
 
 
 @pytest.mark.parametrize("dk,dv", [(128, 128), (96, 40)])
+def test_gdn_compiled_prep_matches_eager(dk, dv, monkeypatch):
+    """The trainer's chunked form with its chunk-parallel part under torch.compile (autograd.COMPILE_PREP) against
+    the eager one: output and every input's gradient to fp32 rounding (inductor fuses, it may reorder), at two
+    chunk counts (one compiled form, dynamic shapes)."""
+    import zeromismatch.ops.gdn.autograd as ag
+
+    for t in (192, 130):
+        xs = [x.requires_grad_() for x in _prepared_inputs(2, 3, t, dk, dv, 33)]
+        s0 = torch.zeros(2, 3, dk, dv, device=DEV)
+        outs = {}
+        for on in (False, True):
+            monkeypatch.setattr(ag, "COMPILE_PREP", on)
+            o = ag.chunk_reference(*xs, s0)
+            outs[on] = (o, *torch.autograd.grad((o * torch.randn(o.shape, device=DEV, generator=_gen(34))).sum(), xs))
+        for name, a, b in zip(("o", "q", "k", "v", "g", "beta"), outs[True], outs[False]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"{name} T={t}")
+
+
+@pytest.mark.parametrize("dk,dv", [(128, 128), (96, 40)])
 def test_gdn_chunk_tf32_bits_do_not_depend_on_launch_settings(dk, dv, monkeypatch):
     """The tf32 kernels' bits under other warp counts and value blocks (prep, scan, decode): the tile-independence
     of the tensor-core products that decode == chunked rows rests on, at the kernels' own shapes."""
