@@ -21,14 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "cuda"
 
 
-def fp32_head(numerics):
-    """`numerics` with the lm_head as the fp32 GEMM of the fp32 casts (the form before the tensor-core head of
-    ops/linear/head.py: cuBLAS SGEMM in stock, the invariant FMA kernel in bi modes), to time both in one run."""
-    import dataclasses
-
-    return dataclasses.replace(numerics, logits=lambda h, w, w_fp32: numerics.linear(h.float(), w_fp32()))
-
-
 def parse_args(description: str, extra=None) -> argparse.Namespace:
     """--out (folder for the JSON) and --commit (the device copy of the tree may have no .git); exits in one
     line without CUDA or Triton."""

@@ -126,7 +126,11 @@ def lm_head(linear_raw, pick, tma_ok):
              "cublas_fp32_out_ms": timer(lambda: torch.mm(x, w.t(), out_dtype=torch.float32)),
              "ours_fp32_fma_ms": timer(lambda: linear_raw(xf, wf)),
              "cublas_sgemm_ms": timer(lambda: F.linear(xf, wf))}
-        if m > 64:
+        if m <= 64:  # decode rows: the narrow-tile configs (fitted to the fp32 epilogue), same bits as the pick
+            for a in ("d16", "d16w", "d32", "d64", "s64_tma", "s32"):
+                if a != name:
+                    r[a + "_ms"] = timer(lambda a=a: linear_raw(x, w, a, out_dtype=torch.float32))
+        else:
             for a, cfg in alts.items():
                 try:
                     r[a + "_ms"] = bench(lambda: linear_raw(x, w, cfg, out_dtype=torch.float32))

@@ -8,8 +8,8 @@ latency = wall time per step, decode tokens/s = c / latency. Three engine varian
 forward, every row sampled on the CPU from its generator, as the engine sampled before the device path; fewer
 steps: --before_steps) and "eager_device" (eager forward, GPU sampling: what the graphs alone bring). For
 "after" the graph replay alone is timed too (the forward's GPU time; the rest of a step is host work and
-sampling). "fp32_head": as "after" with the lm_head as the fp32 GEMM of an fp32 copy of the weight (the form
-before ops/linear/head.py's tensor-core head).
+sampling). "fp32_head": as "after" with numerics lm_head=fp32 (the fp32 GEMM of a kept fp32 copy of the weight,
+ops/linear/head.py).
 
 Memory floor per step = (weights read: every parameter but the embedding table, lm_head at bf16; KV read: c x
 the mean context x the attention layers' K and V; GDN state read and written once: c x layers x fp32 ssm) /
@@ -26,7 +26,7 @@ import os
 import time
 
 import torch
-from common import DEV, bench, fp32_head, log, parse_args, write_json
+from common import DEV, bench, log, parse_args, write_json
 
 CONCURRENCY = (1, 16, 64, 256)
 MODES = ("stock", "bi", "bi_chunk")
@@ -187,9 +187,7 @@ def main():
             for variant in variants:
                 after = variant in ("after", "fp32_head")
                 graphs, device_sampling = after, variant != "before"
-                model.set_numerics(mode)
-                if variant == "fp32_head":
-                    model.set_numerics(fp32_head(model.numerics))
+                model.set_numerics({"name": mode, "lm_head": "fp32"} if variant == "fp32_head" else mode)
                 steps, warmup = (args.steps, args.warmup) if device_sampling else (args.before_steps, 1)
                 run_c = conc if variant != "eager_device" else [c for c in conc if str(c) in
                                                                  args.eager_device_concurrency.split(",")]

@@ -14,7 +14,7 @@ import statistics
 import time
 
 import torch
-from common import DEV, fp32_head, log, parse_args, write_json
+from common import DEV, log, parse_args, write_json
 from generator import build
 
 MODES = ("stock", "bi", "bi_chunk")
@@ -32,30 +32,14 @@ def extra_args(ap):
     ap.add_argument("--torch_scan", action="store_true",
                     help="also time stock with the GDN scan over chunks as the torch loop (ops/gdn/naive.py "
                          "chunk_scan) instead of the Triton kernels: 'stock_torch_scan'")
-    ap.add_argument("--compile_prep", action="store_true",
-                    help="also time every mode with the GDN chunk-parallel part under torch.compile "
-                         "(ops/gdn/autograd.py COMPILE_PREP): '<mode>_compile'")
     ap.add_argument("--fp32_head", action="store_true",
-                    help="also time every mode with the lm_head as the fp32 GEMM of the casts (the form before "
-                         "ops/linear/head.py's tensor-core head): '<mode>_fp32_head'")
+                    help="also time every mode with numerics lm_head=fp32 (the fp32 GEMM of the casts; "
+                         "default: tensor_core, ops/linear/head.py): '<mode>_fp32_head'")
     ap.add_argument("--activation_checkpointing", action="store_true",
                     help="also time every mode with each layer recomputed in backward "
                          "(trainer.activation_checkpointing): '<mode>_ac'")
     ap.add_argument("--profile", action="store_true",
                     help="profile one microbatch per mode on the first model -> h200_trainer_profile.txt")
-
-
-@contextlib.contextmanager
-def compile_prep(on: bool):
-    """The GDN chunk-parallel part under torch.compile while on (autograd.COMPILE_PREP)."""
-    import zeromismatch.ops.gdn.autograd as ag
-
-    flag = ag.COMPILE_PREP
-    ag.COMPILE_PREP = on
-    try:
-        yield
-    finally:
-        ag.COMPILE_PREP = flag
 
 
 @contextlib.contextmanager
@@ -93,7 +77,7 @@ def measure(model, seqs, reps: int, flops: float, peak: float) -> dict:
     model.zero_grad(set_to_none=True)
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    step(model, seqs)  # warmup: Triton compiles, autotuning, allocator (and torch.compile)
+    step(model, seqs)  # warmup: Triton compiles, autotuning, allocator
     warmup_s = time.perf_counter() - t0
     times = []
     for _ in range(reps):
@@ -157,17 +141,14 @@ def main():
         res[name] = {"params": n, "tokens": args.seqs * args.seq_len, "model_tflop": 6 * n * tokens / 1e12}
         modes = args.modes.split(",") + (["stock_torch_scan"] if args.torch_scan else [])
         modes += [f"{m}_fp32_head" for m in args.modes.split(",")] if args.fp32_head else []
-        modes += [f"{m}_compile" for m in args.modes.split(",")] if args.compile_prep else []
         modes += [f"{m}_ac" for m in args.modes.split(",")] if args.activation_checkpointing else []
         for mode in modes:
             base = mode
-            for suffix in ("_ac", "_torch_scan", "_fp32_head", "_compile"):
+            for suffix in ("_ac", "_torch_scan", "_fp32_head"):
                 base = base.removesuffix(suffix)
-            model.set_numerics(base)
-            if mode.endswith("_fp32_head"):
-                model.set_numerics(fp32_head(model.numerics))
+            model.set_numerics({"name": base, "lm_head": "fp32"} if mode.endswith("_fp32_head") else base)
             model.activation_checkpointing = mode.endswith("_ac")
-            with torch_scan(mode.endswith("_torch_scan")), compile_prep(mode.endswith("_compile")):
+            with torch_scan(mode.endswith("_torch_scan")):
                 res[name][mode] = measure(model, seqs, args.reps, 6 * n * tokens, args.peak_tflops)
                 if args.profile and name == args.models.split(",")[0] and not mode.endswith("_torch_scan"):
                     with open(f"{args.out}/h200_trainer_profile.txt", "a") as f:

@@ -36,7 +36,7 @@ from .errors import ConfigError, MissingFileError
 from .models.qwen3_5.config import PRESETS, Qwen35Config
 from .numerics.modes import MODES
 from .ops.gdn.constants import CHUNK_DOTS
-from .ops.linear.policy import GEMM_POLICIES
+from .ops.linear.policy import GEMM_POLICIES, HEAD_FORMS
 from .plots.figures import FIGURES
 from .rl.losses import PRESETS as LOSSES
 from .tasks.search.format import FORMATS as SEARCH_FORMATS
@@ -170,7 +170,8 @@ MODEL: Group = {
     "tokenizer": OPT_STR,
 }
 
-NUMERICS: Group = {"name": one_of(*MODES), "gemm_policy": one_of(*GEMM_POLICIES), "chunk_dots": one_of(*CHUNK_DOTS)}
+NUMERICS: Group = {"name": one_of(*MODES), "gemm_policy": one_of(*GEMM_POLICIES), "chunk_dots": one_of(*CHUNK_DOTS),
+                    "lm_head": one_of(*HEAD_FORMS)}
 
 _NOT_IMPLEMENTED_TASK = {"name": STR, "implemented": BOOL}
 # what a multi-turn task's yaml sets for its rollouts (orchestration/build.py episode_settings)

@@ -25,6 +25,27 @@ def test_row_reduce_invariant(d):
     torch.testing.assert_close(full_m, x.double().pow(2).mean(-1, keepdim=True).float(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_activations_elementwise_invariant(dtype):
+    """The bi modes' activations on CUDA (torch's kernels): an element's bits do not depend on its position, the
+    tensor's size, alignment (vectorized vs unrolled paths) or strides; under autograd too."""
+    from zeromismatch.ops import activations
+
+    x = (torch.randn(10007, device=DEV, generator=_gen(40)) * 8).to(dtype)
+    m = (torch.randn(300, 257, device=DEV, generator=_gen(41)) * 8).to(dtype)
+    for fn in (activations.silu, activations.sigmoid, activations.softplus):
+        full = fn(x)
+        for off in range(9):
+            assert torch.equal(fn(x[off:]), full[off:]), (fn.__name__, off)
+        for i in (0, 1, 5003, 10006):
+            assert torch.equal(fn(x[i : i + 1]), full[i : i + 1]), (fn.__name__, i)
+        assert torch.equal(fn(x[::3]), full[::3]), fn.__name__
+        assert torch.equal(fn(m.t()), fn(m.t().contiguous())), fn.__name__
+        assert torch.equal(fn(m[:, 1:]), fn(m)[:, 1:]), fn.__name__
+        with torch.enable_grad():
+            assert torch.equal(fn(x.clone().requires_grad_()).detach(), full), fn.__name__
+
+
 @pytest.mark.parametrize("policy", ["fixed", "adaptive"])
 @pytest.mark.parametrize("k,n", [(256, 512), (1024, 8192), (1024, 32), (4096, 4096), (192, 1), (4096, 12352), (96, 40)])
 def test_linear_row_invariant(policy, k, n):
@@ -75,8 +96,9 @@ def test_linear_fp32_invariant_and_accurate():
 def test_lm_head_fp32_output_invariant_every_config_and_fp32_accurate(k, n):
     """The lm_head (ops/linear/head.py): bf16 operands, fp32 accumulator stored as the fp32 logits. Rows do not
     depend on the call's other rows or on the tile config (the TMA ones with their epilogue and stages fitted to
-    the wider output); the logits are fp32-accurate, as the fp32 GEMM of the casts is, and so is cuBLAS's
-    fp32-output GEMM (stock)."""
+    the wider output). Accuracy, a tolerance: the tensor cores add the exact products with fewer bits than IEEE
+    fp32 (measured on the H200: 4.4e-6 relative at K = 4096, 1e-6 at K = 1024; the fp32 GEMM 6e-7): within 1e-5 of
+    float64, and at least 100x closer than bf16 logits; cuBLAS's fp32-output GEMM (stock) likewise."""
     from zeromismatch.ops.linear.triton import CONFIGS, _tma_ok, linear_raw
 
     x = torch.randn(2048, k, device=DEV, generator=_gen(21)).bfloat16()
@@ -90,8 +112,10 @@ def test_lm_head_fp32_output_invariant_every_config_and_fp32_accurate(k, n):
             continue
         assert torch.equal(linear_raw(x[:300], w, name, out_dtype=torch.float32), full[:300]), name
     ref = x[:64].double() @ w.double().t()
-    for y in (full[:64], torch.mm(x[:64], w.t(), out_dtype=torch.float32), x[:64].float() @ w.float().t()):
-        assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-6
+    rel = lambda y: ((y.double() - ref).norm() / ref.norm()).item()  # noqa: E731
+    bf16 = rel(linear_raw(x[:64], w))
+    for y in (full[:64], torch.mm(x[:64], w.t(), out_dtype=torch.float32)):
+        assert rel(y) < min(1e-5, bf16 / 100), (rel(y), bf16)
 
 
 @pytest.mark.parametrize("dtype,m,k,n", [(torch.bfloat16, 64, 256, 320), (torch.float32, 64, 256, 320),
@@ -414,25 +438,6 @@ def test_gdn_scan_triton_matches_torch_loop(dk, dv, prec, scan_precision):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
             else:
                 assert float((a - b).detach().norm() / b.detach().norm()) < 1e-2, name
-
-
-@pytest.mark.parametrize("dk,dv", [(128, 128), (96, 40)])
-def test_gdn_compiled_prep_matches_eager(dk, dv, monkeypatch):
-    """The trainer's chunked form with its chunk-parallel part under torch.compile (autograd.COMPILE_PREP) against
-    the eager one: output and every input's gradient to fp32 rounding (inductor fuses, it may reorder), at two
-    chunk counts (one compiled form, dynamic shapes)."""
-    import zeromismatch.ops.gdn.autograd as ag
-
-    for t in (192, 130):
-        xs = [x.requires_grad_() for x in _prepared_inputs(2, 3, t, dk, dv, 33)]
-        s0 = torch.zeros(2, 3, dk, dv, device=DEV)
-        outs = {}
-        for on in (False, True):
-            monkeypatch.setattr(ag, "COMPILE_PREP", on)
-            o = ag.chunk_reference(*xs, s0)
-            outs[on] = (o, *torch.autograd.grad((o * torch.randn(o.shape, device=DEV, generator=_gen(34))).sum(), xs))
-        for name, a, b in zip(("o", "q", "k", "v", "g", "beta"), outs[True], outs[False]):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"{name} T={t}")
 
 
 @pytest.mark.parametrize("dk,dv", [(128, 128), (96, 40)])

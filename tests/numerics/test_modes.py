@@ -25,7 +25,7 @@ def test_names_pick_backends_and_default_policies():
         assert type(nx.gdn) is backends[mode]
         experts = "grouped_mm/cpu_torch" if mode == "stock" else "triton_grouped/cpu_rows"
         assert nx.describe() == {"name": mode, "gdn": nx.gdn.name, "experts": experts, "gemm_policy": "adaptive",
-                                 "chunk_dots": "tf32"}
+                                 "chunk_dots": "tf32", "lm_head": "tensor_core"}
         assert get_numerics(nx) is nx
 
 
@@ -34,15 +34,17 @@ def test_conf_numerics_nodes(mode):
     node = OmegaConf.load(CONF / f"{mode}.yaml")
     nx = get_numerics(node)
     assert nx.describe() == {"name": mode, "gdn": nx.gdn.name, "experts": nx.experts.name, "gemm_policy": node.gemm_policy,
-                             "chunk_dots": node.chunk_dots}
+                             "chunk_dots": node.chunk_dots, "lm_head": node.lm_head}
 
 
 def test_mapping_sets_policies_and_rejects_unknown():
-    nx = get_numerics(OmegaConf.create({"name": "bi_chunk", "gemm_policy": "fixed", "chunk_dots": "ieee"}))
+    nx = get_numerics(OmegaConf.create({"name": "bi_chunk", "gemm_policy": "fixed", "chunk_dots": "ieee",
+                                        "lm_head": "fp32"}))
     assert nx.describe() == {"name": "bi_chunk", "gdn": "aligned_chunk", "experts": "triton_grouped/cpu_rows",
-                             "gemm_policy": "fixed", "chunk_dots": "ieee"}
+                             "gemm_policy": "fixed", "chunk_dots": "ieee", "lm_head": "fp32"}
     assert nx.gdn.dots == "ieee"
-    for bad in ({"name": "bi", "gemm_policy": "fastest"}, {"name": "bi", "chunk_dots": "x"}, {"name": "bi", "policy": "fixed"},
+    for bad in ({"name": "bi", "gemm_policy": "fastest"}, {"name": "bi", "chunk_dots": "x"}, {"name": "bi", "lm_head": "bf16"},
+                {"name": "bi", "policy": "fixed"},
                 {"name": "nope"}):
         with pytest.raises(ValueError):
             get_numerics(bad)

@@ -75,8 +75,9 @@ def test_tma_configs_fit_shared_memory_with_an_fp32_output():
         tile = f.bm * (f.bn // 2 if f.epi_split else f.bn) * 4
         assert f.stages * (f.bm + f.bn) * f.bk * 2 + tile <= SMEM_BUDGET, name
         assert f.epi_split == (c.persistent or c.epi_split), name
-    assert fit_smem(CONFIGS["p256"], torch.float32).stages == 2
-    assert fit_smem(CONFIGS["d64"], torch.float32).stages == 5
+    assert fit_smem(CONFIGS["p256"], torch.float32).stages == 3  # the measured largest: exactly the budget
+    assert fit_smem(CONFIGS["d64"], torch.float32).stages == 6
+    assert fit_smem(CONFIGS["l256_tma"], torch.float32).stages == 1  # a whole 128 x 256 fp32 tile to stage
 
 
 def test_head_backward_is_the_bf16_linear_gradient_interpreted(tri, monkeypatch):
@@ -96,3 +97,17 @@ def test_head_backward_is_the_bf16_linear_gradient_interpreted(tri, monkeypatch)
         assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2
     with torch.no_grad():  # the no-grad path (the generator's) gives the same bits
         assert torch.equal(head.invariant_logits(h, w, lambda: w.float()), y.detach())
+
+
+def test_fp32_form_is_the_fp32_gemm_of_the_casts_on_every_device(tri, monkeypatch):
+    """numerics lm_head=fp32 (the published recipe's statement): the fp32 GEMM of the kept cast, also where the
+    tensor-core form would run (here: the interpreted CUDA path)."""
+    import zeromismatch.ops.linear.head as head
+
+    h, w = _operands(9, 64, 40, seed=5)
+    monkeypatch.setattr(head, "on_gpu", lambda x: True)
+    casts = []
+    y = head.invariant_logits(h, w, lambda: casts.append(1) or w.float(), form="fp32")
+    assert casts == [1]
+    assert torch.equal(y, invariant_linear(h.float(), w.float()))  # the package's fp32 GEMM (here its CPU form)
+    assert not torch.equal(y, head.invariant_logits(h, w, lambda: w.float()))  # the tensor-core form differs

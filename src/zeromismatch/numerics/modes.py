@@ -17,10 +17,12 @@ Routed experts (MoE, ops/moe): stock groups them for torch._grouped_mm on CUDA; 
 batch-invariant Triton grouped GEMMs on CUDA and per-group invariant GEMMs on the CPU.
 
 Every invariant op dispatches by device itself (ops/device.py): the plain-torch CPU form, or the Triton form on
-CUDA. Two kernel policies come from conf/numerics and travel in the Numerics object (`describe()` lists them):
+CUDA. Three kernel policies come from conf/numerics and travel in the Numerics object (`describe()` lists them):
 - gemm_policy (ops/linear/triton.py): the CUDA GEMM's tile policy, fixed | adaptive | hybrid
 - chunk_dots (ops/gdn/chunk_triton.py): bi_chunk's CUDA chunked arithmetic, trainer and generator alike: tf32
   (tensor-core products) | ieee (every sum an fp32 FMA chain)
+- lm_head (ops/linear/head.py): the fp32 logits' CUDA form: tensor_core (bf16 operands, fp32 accumulator) | fp32
+  (the fp32 GEMM of the casts)
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ from ..ops import linear as invariant_linear
 from ..ops import moe
 from ..ops.attention import invariant_attention, sdpa_attention
 from ..ops.gdn import CHUNK_DOTS, DEFAULT_CHUNK_DOTS, AlignedChunkGDN, ChunkGDN, GDNBackend, RecurrentGDN
-from ..ops.linear import DEFAULT_GEMM_POLICY, GEMM_POLICIES
+from ..ops.linear import DEFAULT_GEMM_POLICY, DEFAULT_HEAD, GEMM_POLICIES, HEAD_FORMS
 
 MODES = ("stock", "bi", "bi_chunk")
-POLICY_KEYS = ("gemm_policy", "chunk_dots")
+POLICY_KEYS = ("gemm_policy", "chunk_dots", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,12 @@ class Numerics:
     experts: Callable[..., torch.Tensor] = moe.stock
     gemm_policy: str = DEFAULT_GEMM_POLICY
     chunk_dots: str = DEFAULT_CHUNK_DOTS
+    lm_head: str = DEFAULT_HEAD
 
     def describe(self) -> dict[str, str]:
         """The mode and its kernel policies, as plain values (for run logs and results JSON)."""
         return {"name": self.name, "gdn": self.gdn.name, "experts": self.experts.name, "gemm_policy": self.gemm_policy,
-                "chunk_dots": self.chunk_dots}
+                "chunk_dots": self.chunk_dots, "lm_head": self.lm_head}
 
 
 def get_numerics(spec: str | Numerics | Mapping[str, Any] = "stock") -> Numerics:
@@ -82,14 +85,17 @@ def get_numerics(spec: str | Numerics | Mapping[str, Any] = "stock") -> Numerics
         raise ValueError(f"unknown numerics keys {unknown}; known: name, {', '.join(POLICY_KEYS)}")
     gemm_policy = options.get("gemm_policy") or DEFAULT_GEMM_POLICY
     chunk_dots = options.get("chunk_dots") or DEFAULT_CHUNK_DOTS
+    lm_head = options.get("lm_head") or DEFAULT_HEAD
     if gemm_policy not in GEMM_POLICIES:
         raise ValueError(f"gemm_policy must be one of {GEMM_POLICIES}, got {gemm_policy!r}")
     if chunk_dots not in CHUNK_DOTS:
         raise ValueError(f"chunk_dots must be one of {CHUNK_DOTS}, got {chunk_dots!r}")
-    policies = dict(gemm_policy=gemm_policy, chunk_dots=chunk_dots)
+    if lm_head not in HEAD_FORMS:
+        raise ValueError(f"lm_head must be one of {HEAD_FORMS}, got {lm_head!r}")
+    policies = dict(gemm_policy=gemm_policy, chunk_dots=chunk_dots, lm_head=lm_head)
     if name == "stock":
         return Numerics("stock", ChunkGDN(), F.linear, F.silu, torch.sigmoid, F.softplus, sdpa_attention,
-                        invariant_linear.stock_logits, **policies)
+                        partial(invariant_linear.stock_logits, form=lm_head), **policies)
     if name in ("bi", "bi_chunk"):
         gdn = RecurrentGDN() if name == "bi" else AlignedChunkGDN(dots=chunk_dots)
         return Numerics(
@@ -100,7 +106,7 @@ def get_numerics(spec: str | Numerics | Mapping[str, Any] = "stock") -> Numerics
             activations.sigmoid,
             activations.softplus,
             invariant_attention,
-            partial(invariant_linear.invariant_logits, policy=gemm_policy),
+            partial(invariant_linear.invariant_logits, form=lm_head, policy=gemm_policy),
             moe.invariant,
             **policies,
         )

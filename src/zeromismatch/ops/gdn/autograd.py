@@ -11,39 +11,22 @@ rounding (tests/ops/test_gdn.py), the published method's choice too.
 
 from __future__ import annotations
 
-import torch
-
 from ..device import on_gpu
-from .naive import chunk_output, chunk_prep
+from .naive import chunk_output
 
 
 # the trainer's scan over chunks on CUDA: scan_triton's kernels (tf32 dots, as FLA's chunk kernels use; within
 # 1e-2 relative of the fp32 torch loop, tests/gpu/test_gpu_kernels.py). Off: the torch loop (benchmarks/trainer.py
 # times both in one run)
 TRITON_SCAN = True
-# the chunk-parallel part (naive.chunk_prep: ~25 elementwise ops over [chunks, 64, 64] and [T, 128] tensors and two
-# triangular solves, each op a full pass over memory, ~3x that under autograd) through torch.compile on CUDA:
-# inductor fuses the elementwise passes forward and backward. A differentiated form: no invariance to keep.
-# Off by default until measured (benchmarks/trainer.py --compile_prep times both in one run)
-COMPILE_PREP = False
-_compiled_prep = []
-
-
-def _prep(q):
-    if not (COMPILE_PREP and q.is_cuda):
-        return chunk_prep
-    if not _compiled_prep:  # one compiled form for every chunk count (dynamic shapes)
-        _compiled_prep.append(torch.compile(chunk_prep, dynamic=True, fullgraph=True))
-    return _compiled_prep[0]
 
 
 def chunk_reference(q, k, v, g, beta, state):
     """naive.chunk_output (same inputs, o [B, HV, T, V]) as the trainer differentiates it: on CUDA the scan over
     chunks is scan_triton's kernel pair (one launch forward, one backward, instead of ~7 small kernels per chunk
-    each way) when TRITON_SCAN is on, else (and on CPU) the torch loop; the chunk-parallel part compiled when
-    COMPILE_PREP is on."""
+    each way) when TRITON_SCAN is on, else (and on CPU) the torch loop."""
     if not (TRITON_SCAN and on_gpu(q)):
-        return chunk_output(q, k, v, g, beta, state, prep=_prep(q))
+        return chunk_output(q, k, v, g, beta, state)
     from .scan_triton import chunk_scan_triton  # lazy: CPU machines have no triton
 
-    return chunk_output(q, k, v, g, beta, state, scan=chunk_scan_triton, prep=_prep(q))
+    return chunk_output(q, k, v, g, beta, state, scan=chunk_scan_triton)

@@ -140,18 +140,17 @@ def chunk_scan(u0, w, qk, qd, kd, gl, state):
     return o.reshape(b, h, n * CHUNK, u0.shape[-1]), torch.stack(states, dim=2)
 
 
-def chunk_fwd(q, k, v, g, beta, state, scan=chunk_scan, prep=chunk_prep):
+def chunk_fwd(q, k, v, g, beta, state, scan=chunk_scan):
     """Chunked form over whole chunks. q, k [B, HV, T, K]; v [B, HV, T, V]; g, beta [B, HV, T] with T a
     multiple of CHUNK (callers zero-pad: zero rows are inert); state [B, HV, K, V] fp32.
     Returns (o [B, HV, T, V], states [B, HV, n_chunks + 1, K, V]: the state at every chunk boundary).
-    scan, prep: the sequential and chunk-parallel parts (`chunk_scan`, `chunk_prep`, or the trainer's CUDA forms
-    with the same contracts: ops/gdn/autograd.py)."""
-    return scan(*prep(q, k, v, g, beta), state)
+    scan: the sequential part (`chunk_scan`, or the trainer's CUDA kernel with the same contract)."""
+    return scan(*chunk_prep(q, k, v, g, beta), state)
 
 
-def chunk_output(q, k, v, g, beta, state, scan=chunk_scan, prep=chunk_prep):
+def chunk_output(q, k, v, g, beta, state, scan=chunk_scan):
     """The chunked form's output for any T (zero-padded to whole chunks, cut back): o [B, HV, T, V]."""
-    return chunk_fwd(*to_chunks(q, k, v, g, beta), state, scan=scan, prep=prep)[0][:, :, : q.shape[2]]
+    return chunk_fwd(*to_chunks(q, k, v, g, beta), state, scan=scan)[0][:, :, : q.shape[2]]
 
 
 def chunk_final_states(q, k, v, g, beta, states, lengths):

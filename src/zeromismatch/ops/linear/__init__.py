@@ -15,7 +15,7 @@ import torch
 
 from ..device import on_gpu
 from . import cpu
-from .policy import DEFAULT_GEMM_POLICY, GEMM_POLICIES
+from .policy import DEFAULT_GEMM_POLICY, DEFAULT_HEAD, GEMM_POLICIES, HEAD_FORMS
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, policy: str = DEFAULT_GEMM_POLICY) -> torch.Tensor:
@@ -39,4 +39,5 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 from .head import invariant_logits, stock_logits  # noqa: E402  (head.py calls `linear` above)
 
-__all__ = ["DEFAULT_GEMM_POLICY", "GEMM_POLICIES", "bmm", "invariant_logits", "linear", "stock_logits"]
+__all__ = ["DEFAULT_GEMM_POLICY", "DEFAULT_HEAD", "GEMM_POLICIES", "HEAD_FORMS", "bmm", "invariant_logits", "linear",
+           "stock_logits"]

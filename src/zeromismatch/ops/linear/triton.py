@@ -38,7 +38,9 @@ from .policy import DEFAULT_GEMM_POLICY
 HYBRID_MIN_M = 1024  # the hybrid policy's smallest row count sent to cuBLASLt
 BLOCK_K_BF16 = 64
 BLOCK_K_FP32 = 32
-SMEM_BUDGET = 200 * 1024  # bytes of shared memory the largest bf16-output configs use (d64, d32): known to fit
+# shared memory a TMA config may use: p256 at 3 stages with its fp32 epilogue in halves (147456 + 65536 bytes) is
+# the largest measured to compile and run on the H200 (results/gpu/, benchmarks/gemm.py section lm_head)
+SMEM_BUDGET = 208 * 1024
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,10 @@ CONFIGS = {
     "p256": Cfg(128, 256, BLOCK_K_BF16, 8, 3, tma=True, persistent=True),
     "d32": Cfg(64, 32, 2 * BLOCK_K_BF16, 4, 8, tma=True),
     "d64": Cfg(64, 64, 2 * BLOCK_K_BF16, 4, 6, tma=True),
+    # candidates for the fp32-output lm_head in decode (M <= 16): 16-row tiles (mma.sync, same bits as wgmma's)
+    # stage less shared memory, so more programs stream the weight per SM
+    "d16": Cfg(16, 64, 2 * BLOCK_K_BF16, 4, 6, tma=True),
+    "d16w": Cfg(16, 128, 2 * BLOCK_K_BF16, 4, 5, tma=True),
     "f32": Cfg(64, 64, BLOCK_K_FP32, 4, 3),
     "f32_s": Cfg(32, 64, BLOCK_K_FP32, 4, 3),
     "f32_l": Cfg(128, 128, BLOCK_K_FP32, 8, 3),
@@ -241,8 +247,7 @@ def cublaslt_invariant_ready() -> bool:
 def fit_smem(c: Cfg, out_dtype: torch.dtype) -> Cfg:
     """A TMA config with an output wider than its inputs (bf16 x bf16 -> fp32 logits): the epilogue stages the
     output tile in shared memory, so the persistent kernel stores it in halves and the pipeline drops stages until
-    the total fits what the bf16-output configs are known to use (SMEM_BUDGET). Same bits: stages and epilogue
-    never change a dot's K order."""
+    the total fits SMEM_BUDGET. Same bits: stages and epilogue never change a dot's K order."""
     if not c.tma or out_dtype.itemsize <= 2:
         return c
     if c.persistent:
