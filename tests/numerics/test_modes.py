@@ -57,7 +57,7 @@ def test_gemm_policy_reaches_the_cuda_gemm(monkeypatch):
     stub = types.ModuleType("zeromismatch.ops.linear.triton")
     stub.linear = lambda x, w, policy: seen.append(policy) or x @ w.t()
     monkeypatch.setitem(sys.modules, "zeromismatch.ops.linear.triton", stub)
-    monkeypatch.setattr(linear_ops, "on_gpu", lambda x: True)
+    monkeypatch.setattr(linear_ops.dispatch, "on_gpu", lambda x: True)
     x, w = torch.randn(3, 8), torch.randn(5, 8)
     for policy in ("fixed", "hybrid"):
         get_numerics({"name": "bi", "gemm_policy": policy}).linear(x, w)

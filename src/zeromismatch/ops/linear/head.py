@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..device import on_gpu
+from .dispatch import linear
 from .policy import DEFAULT_GEMM_POLICY, DEFAULT_HEAD
 
 
@@ -77,8 +78,6 @@ def invariant_logits(h: torch.Tensor, w: torch.Tensor, w_fp32: Callable[[], torc
                      form: str = DEFAULT_HEAD, policy: str = DEFAULT_GEMM_POLICY) -> torch.Tensor:
     """fp32 logits h @ w^T, batch-invariant: the invariant GEMM with fp32 output for bf16 operands on CUDA, else the
     invariant fp32 GEMM (CPU: ops/linear/cpu.py; CUDA fp32 weights: the FMA kernel)."""
-    from . import linear  # the package's dispatching linear (CPU or Triton)
-
     if form == "tensor_core" and on_gpu(h) and _tensor_cores(h, w):
         from .triton import linear_raw  # lazy: CPU machines have no triton
 
