@@ -27,8 +27,9 @@ def test_row_reduce_invariant(d):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_activations_elementwise_invariant(dtype):
-    """The bi modes' activations on CUDA (torch's kernels): an element's bits do not depend on its position, the
-    tensor's size, alignment (vectorized vs unrolled paths) or strides; under autograd too."""
+    """The bi modes' activations on CUDA (composed from exp, log1p and division, each a torch elementwise kernel):
+    an element's bits do not depend on its position, the tensor's size, alignment (vectorized vs unrolled paths)
+    or strides; under autograd too."""
     from zeromismatch.ops import activations
 
     x = (torch.randn(10007, device=DEV, generator=_gen(40)) * 8).to(dtype)

@@ -63,7 +63,7 @@ def test_fp32_output_rows_are_invariant_and_fp32_accurate_interpreted(tri):
 
 def test_tma_configs_fit_shared_memory_with_an_fp32_output():
     pytest.importorskip("triton")
-    from zeromismatch.ops.linear.triton import CONFIGS, SMEM_BUDGET, fit_smem
+    from zeromismatch.ops.linear.triton import CONFIGS, SMEM_BUDGET, SMEM_BUDGET_PERSISTENT, fit_smem
 
     for name, c in CONFIGS.items():
         assert fit_smem(c, torch.bfloat16) == c
@@ -73,10 +73,11 @@ def test_tma_configs_fit_shared_memory_with_an_fp32_output():
             assert f == c, name
             continue
         tile = f.bm * (f.bn // 2 if f.epi_split else f.bn) * 4
-        assert f.stages * (f.bm + f.bn) * f.bk * 2 + tile <= SMEM_BUDGET, name
+        budget = SMEM_BUDGET_PERSISTENT if c.persistent else SMEM_BUDGET
+        assert f.stages * (f.bm + f.bn) * f.bk * 2 + tile <= budget, name
         assert f.epi_split == (c.persistent or c.epi_split), name
-    assert fit_smem(CONFIGS["p256"], torch.float32).stages == 3  # the measured largest: exactly the budget
-    assert fit_smem(CONFIGS["d64"], torch.float32).stages == 6
+    assert fit_smem(CONFIGS["p256"], torch.float32).stages == 3  # measured: exactly the persistent budget
+    assert fit_smem(CONFIGS["d64"], torch.float32).stages == 5  # measured
     assert fit_smem(CONFIGS["l256_tma"], torch.float32).stages == 1  # a whole 128 x 256 fp32 tile to stage
 
 

@@ -38,9 +38,11 @@ from .policy import DEFAULT_GEMM_POLICY
 HYBRID_MIN_M = 1024  # the hybrid policy's smallest row count sent to cuBLASLt
 BLOCK_K_BF16 = 64
 BLOCK_K_FP32 = 32
-# shared memory a TMA config may use: p256 at 3 stages with its fp32 epilogue in halves (147456 + 65536 bytes) is
-# the largest measured to compile and run on the H200 (results/gpu/, benchmarks/gemm.py section lm_head)
-SMEM_BUDGET = 208 * 1024
+# shared memory a TMA config may take, as measured to compile and run on the H200 (results/gpu/tensor_core_head_11c70f0):
+# 200 KB (d64 and d32 with bf16 outputs, d64 at 5 stages with an fp32 one), 208 KB for the persistent kernel (p256 at
+# 3 stages with its fp32 epilogue in halves, 147456 + 65536 bytes, at cuBLAS's speed; 2 stages: 1.27x slower)
+SMEM_BUDGET = 200 * 1024
+SMEM_BUDGET_PERSISTENT = 208 * 1024
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,6 @@ CONFIGS = {
     "p256": Cfg(128, 256, BLOCK_K_BF16, 8, 3, tma=True, persistent=True),
     "d32": Cfg(64, 32, 2 * BLOCK_K_BF16, 4, 8, tma=True),
     "d64": Cfg(64, 64, 2 * BLOCK_K_BF16, 4, 6, tma=True),
-    # candidates for the fp32-output lm_head in decode (M <= 16): 16-row tiles (mma.sync, same bits as wgmma's)
-    # stage less shared memory, so more programs stream the weight per SM
-    "d16": Cfg(16, 64, 2 * BLOCK_K_BF16, 4, 6, tma=True),
-    "d16w": Cfg(16, 128, 2 * BLOCK_K_BF16, 4, 5, tma=True),
     "f32": Cfg(64, 64, BLOCK_K_FP32, 4, 3),
     "f32_s": Cfg(32, 64, BLOCK_K_FP32, 4, 3),
     "f32_l": Cfg(128, 128, BLOCK_K_FP32, 8, 3),
@@ -247,7 +245,7 @@ def cublaslt_invariant_ready() -> bool:
 def fit_smem(c: Cfg, out_dtype: torch.dtype) -> Cfg:
     """A TMA config with an output wider than its inputs (bf16 x bf16 -> fp32 logits): the epilogue stages the
     output tile in shared memory, so the persistent kernel stores it in halves and the pipeline drops stages until
-    the total fits SMEM_BUDGET. Same bits: stages and epilogue never change a dot's K order."""
+    the total fits the budget. Same bits: stages and epilogue never change a dot's K order."""
     if not c.tma or out_dtype.itemsize <= 2:
         return c
     if c.persistent:
@@ -255,7 +253,8 @@ def fit_smem(c: Cfg, out_dtype: torch.dtype) -> Cfg:
     def smem(cfg):
         tile = cfg.bm * (cfg.bn // 2 if cfg.epi_split else cfg.bn) * out_dtype.itemsize
         return cfg.stages * (cfg.bm + cfg.bn) * cfg.bk * 2 + tile
-    while c.stages > 1 and smem(c) > SMEM_BUDGET:
+    budget = SMEM_BUDGET_PERSISTENT if c.persistent else SMEM_BUDGET
+    while c.stages > 1 and smem(c) > budget:
         c = replace(c, stages=c.stages - 1)
     return c
 
