@@ -7,6 +7,7 @@ attention.
 - triton.py       the CUDA GEMM: fixed K order, no split-K; its tile config is chosen by the gemm policy
 - bmm_triton.py   the CUDA batched matmul: tile config from the matrix shape only, never the batch count
 - policy.py       the CUDA GEMM's tile policies (conf/numerics `gemm_policy`)
+- autograd.py     a linear whose forward is a given kernel, its backward plain torch (triton.py, head.py)
 - head.py         the fp32 lm_head (stock and invariant): bf16 operands, exact products, fp32 sums and logits
 """
 

@@ -16,9 +16,9 @@ so every product h_k * w_k is exact in fp32 (8-bit significands). Two forms (con
 
 Anywhere but CUDA with bf16 operands (CPU, fp32 weights) both forms are the fp32 GEMM of the casts.
 
-Backward of the tensor-core form (the trainer's; it needs no invariance): the fp32 logit gradient is rounded to
-bf16 and both products run on tensor cores with fp32 accumulation, as autograd of a bf16 linear computes them;
-the gradients are bf16 like their operands either way.
+Backward of the tensor-core form (the trainer's; it needs no invariance, autograd.py): the fp32 logit gradient is
+rounded to bf16 and both products run on tensor cores with fp32 accumulation, as autograd of a bf16 linear
+computes them; the gradients are bf16 like their operands either way.
 """
 
 from __future__ import annotations
@@ -29,37 +29,13 @@ import torch
 import torch.nn.functional as F
 
 from ..device import on_gpu
+from .autograd import linear_with
 from .dispatch import linear
 from .policy import DEFAULT_GEMM_POLICY, DEFAULT_HEAD
 
 
 def _tensor_cores(h: torch.Tensor, w: torch.Tensor) -> bool:
     return h.dtype == w.dtype == torch.bfloat16
-
-
-class _Head(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h2, w, fwd):
-        ctx.save_for_backward(h2, w)
-        return fwd(h2, w)
-
-    @staticmethod
-    def backward(ctx, gy):
-        h2, w = ctx.saved_tensors
-        g = gy.to(w.dtype)
-        gh = g @ w if ctx.needs_input_grad[0] else None
-        gw = g.t() @ h2 if ctx.needs_input_grad[1] else None
-        return gh, gw, None
-
-
-def _apply(h: torch.Tensor, w: torch.Tensor, fwd: Callable) -> torch.Tensor:
-    *lead, k = h.shape
-    h2 = h.reshape(-1, k)
-    if torch.is_grad_enabled() and (h.requires_grad or w.requires_grad):
-        y = _Head.apply(h2, w, fwd)
-    else:
-        y = fwd(h2, w)
-    return y.reshape(*lead, w.shape[0])
 
 
 def _cublas_fp32_out(h2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -70,7 +46,7 @@ def stock_logits(h: torch.Tensor, w: torch.Tensor, w_fp32: Callable[[], torch.Te
                  form: str = DEFAULT_HEAD) -> torch.Tensor:
     """fp32 logits h @ w^T for stock: cuBLAS with fp32 output for bf16 operands on CUDA, else the fp32 GEMM."""
     if form == "tensor_core" and h.is_cuda and _tensor_cores(h, w):
-        return _apply(h, w, _cublas_fp32_out)
+        return linear_with(_cublas_fp32_out, h, w)
     return F.linear(h.float(), w_fp32())
 
 
@@ -81,5 +57,5 @@ def invariant_logits(h: torch.Tensor, w: torch.Tensor, w_fp32: Callable[[], torc
     if form == "tensor_core" and on_gpu(h) and _tensor_cores(h, w):
         from .triton import linear_raw  # lazy: CPU machines have no triton
 
-        return _apply(h, w, lambda h2, w2: linear_raw(h2, w2, policy=policy, out_dtype=torch.float32))
+        return linear_with(lambda h2, w2: linear_raw(h2, w2, policy=policy, out_dtype=torch.float32), h, w)
     return linear(h.float(), w_fp32(), policy=policy)

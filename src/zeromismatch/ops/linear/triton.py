@@ -33,6 +33,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..device import configure_cuda
+from .autograd import linear_with
 from .policy import DEFAULT_GEMM_POLICY
 
 HYBRID_MIN_M = 1024  # the hybrid policy's smallest row count sent to cuBLASLt
@@ -316,26 +317,6 @@ def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | Cfg | None = N
     return y
 
 
-class _Linear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x2, w, policy):
-        ctx.save_for_backward(x2, w)
-        return linear_raw(x2, w, policy=policy)
-
-    @staticmethod
-    def backward(ctx, gy):
-        x2, w = ctx.saved_tensors
-        gx = gy @ w if ctx.needs_input_grad[0] else None
-        gw = gy.t() @ x2 if ctx.needs_input_grad[1] else None
-        return gx, gw, None
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, policy: str = DEFAULT_GEMM_POLICY) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T, batch-invariant on CUDA, tile config by `policy`."""
-    *lead, k = x.shape
-    x2 = x.reshape(-1, k)
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        y = _Linear.apply(x2, weight, policy)
-    else:
-        y = linear_raw(x2, weight, policy=policy)
-    return y.reshape(*lead, weight.shape[0])
+    return linear_with(lambda x2, w: linear_raw(x2, w, policy=policy), x, weight)
