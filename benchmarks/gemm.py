@@ -127,7 +127,7 @@ def lm_head(linear_raw, pick, tma_ok):
              "ours_fp32_fma_ms": timer(lambda: linear_raw(xf, wf)),
              "cublas_sgemm_ms": timer(lambda: F.linear(xf, wf))}
         if m <= 64:  # decode rows: the narrow-tile configs (fitted to the fp32 epilogue), same bits as the pick
-            for a in ("d32", "d64", "s64_tma", "s32"):
+            for a in ("d16", "d16w", "d32", "d64", "s64_tma", "s32"):
                 if a != name:
                     r[a + "_ms"] = timer(lambda a=a: linear_raw(x, w, a, out_dtype=torch.float32))
         else:

@@ -78,6 +78,10 @@ CONFIGS = {
     "p256": Cfg(128, 256, BLOCK_K_BF16, 8, 3, tma=True, persistent=True),
     "d32": Cfg(64, 32, 2 * BLOCK_K_BF16, 4, 8, tma=True),
     "d64": Cfg(64, 64, 2 * BLOCK_K_BF16, 4, 6, tma=True),
+    # candidates for the fp32-output lm_head in decode (M <= 16): 16-row tiles (mma.sync, same bits as wgmma's)
+    # stage less shared memory, so more programs stream the weight per SM
+    "d16": Cfg(16, 64, 2 * BLOCK_K_BF16, 4, 6, tma=True),
+    "d16w": Cfg(16, 128, 2 * BLOCK_K_BF16, 4, 5, tma=True),
     "f32": Cfg(64, 64, BLOCK_K_FP32, 4, 3),
     "f32_s": Cfg(32, 64, BLOCK_K_FP32, 4, 3),
     "f32_l": Cfg(128, 128, BLOCK_K_FP32, 8, 3),
