@@ -143,3 +143,40 @@ def test_chunk_agrees_with_cache_and_attention_blocks():
     """A prefix-cache hit (whole cache blocks) lands on a GDN chunk boundary, and a query's cache blocks cover its
     attention key block."""
     assert BLOCK_SIZE % CHUNK == 0 and BLOCK_SIZE % BLOCK == 0
+
+
+@pytest.fixture(scope="module")
+def chunk_triton():
+    """ops/gdn/chunk_triton.py with its kernels interpreted and the GPU's fp32 dot emulated (a sequential
+    multiply-add chain over K, the same for every tile: ops/interpreter.py). Under that emulation the two
+    arithmetics compute the same products, so only the kernels' logic differs between them."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs the compiled kernels (tests/gpu/test_gpu_kernels.py)")
+    pytest.importorskip("triton")
+    from zeromismatch.ops.interpreter import interpreted
+
+    with interpreted("zeromismatch.ops.gdn.chunk_triton") as module:
+        yield module
+
+
+def test_chunk_kernels_substitutions_agree_and_rows_are_prefix_stable_interpreted(chunk_triton):
+    """The chunked forward's two forward substitutions for (I + A)^-1 (whole-tile products for the tensor-core
+    arithmetic, one padded row at a time for ieee, which the decode step runs) give the same bits, so the
+    trainer's rows are the decode step's; a zero-padded open chunk gives the same rows; float64 agrees."""
+    g = torch.Generator().manual_seed(12)
+    b, h, t, dk, dv = 2, 2, 128, 16, 32
+    q = F.normalize(torch.randn(b, h, t, dk, generator=g), dim=-1) * dk**-0.5
+    k = F.normalize(torch.randn(b, h, t, dk, generator=g), dim=-1)
+    v = torch.randn(b, h, t, dv, generator=g)
+    gate, beta = -torch.rand(b, h, t, generator=g) * 0.3, torch.rand(b, h, t, generator=g)
+    s0 = torch.randn(b, h, dk, dv, generator=g) * 0.1
+    tf32 = chunk_triton.chunk_fwd_triton(q, k, v, gate, beta, s0, return_rows=True, dots="tf32")
+    ieee = chunk_triton.chunk_fwd_triton(q, k, v, gate, beta, s0, return_rows=True, dots="ieee")
+    for a, c in zip(tf32, ieee):  # o, states, (I + A)^-1 per chunk, u
+        assert torch.equal(a, c)
+    o64, st64 = chunk_fwd(*(x.double() for x in (q, k, v, gate, beta, s0)))
+    assert rel(tf32[0].double(), o64) < 1e-5 and rel(tf32[1].double(), st64) < 1e-5
+    r = 23  # an open chunk of 23 rows, zero-padded, from the boundary state
+    pad = lambda x: F.pad(x[:, :, 64 : 64 + r], (0, 0, 0, 64 - r) if x.dim() == 4 else (0, 64 - r))  # noqa: E731
+    o_open, _ = chunk_triton.chunk_fwd_triton(*(pad(x) for x in (q, k, v, gate, beta)), tf32[1][:, :, 1])
+    assert torch.equal(o_open[:, :, :r], tf32[0][:, :, 64 : 64 + r])

@@ -133,9 +133,18 @@ def _prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u0_ptr, qk_ptr, qd_pt
     a = tl.dot(kb, tl.trans(k), input_precision=DOTS) * decay
     a = tl.where(rows[None, :] < rows[:, None], a, 0.0)
     tm = tl.zeros((C, C), dtype=tl.float32)
-    for i in range(0, C):  # forward substitution, row by row (the decode step's per-token work)
-        new = tl.where(rows == i, 1.0, _tri_row(_row(a, i, C), tm, DOTS))
-        tm = tl.where(rows[:, None] == i, new[None, :], tm)
+    if DOTS == "ieee":
+        for i in range(0, C):  # forward substitution, row by row (the decode step's per-token work)
+            new = tl.where(rows == i, 1.0, _tri_row(_row(a, i, C), tm, DOTS))
+            tm = tl.where(rows[:, None] == i, new[None, :], tm)
+    else:
+        # the same rows: at step i, row i of the whole-tile product a @ T is row i's dot of the loop above (a row's
+        # products do not depend on the tile's other rows), so no row is extracted or padded. Tensor-core rows
+        # cost the same at 64 rows as at 16; fp32 FMA chains (ieee) would cost 4x, so ieee keeps the loop above.
+        # "+ 0.0" is _row's exact extraction (a sum with zeros) that the loop above applies before negating.
+        for i in range(0, C):
+            new = tl.where(rows[None, :] == i, 1.0, -(tl.dot(a, tm, input_precision=DOTS) + 0.0))
+            tm = tl.where(rows[:, None] == i, new, tm)
     if STORE_T:
         tl.store(tm_ptr + (chunk * C + rows)[:, None] * C + rows[None, :], tm)
 
