@@ -12,7 +12,8 @@ trainer; K = V = 128 unless named).
 - chunk_grad: forward + backward of the chunked form the trainer differentiates (ops/gdn/autograd.py
   chunk_reference) with its scan over chunks as the torch loop vs the Triton kernel pair (scan_triton.py, tf32
   and ieee), one sequence of 4096 tokens and all 8 packed; the tf32 gradient's relative error against ieee
-- settings: the tf32 kernels' launch settings (decode: warps x value block; forward: prep / scan warps)
+- settings: the tf32 kernels' launch settings (decode: warps x value block x value split, at 64 sequences and
+  at one; forward: prep / scan warps)
 """
 
 import torch
@@ -163,11 +164,12 @@ def chunk_grad():
 
 def settings():
     """tf32 launch settings (any gives the same bits: tests/gpu): the decode step (mean over a chunk's 64
-    positions) by warps x value block, and the chunked forward by the prep / scan kernels' warps."""
+    positions, 64 sequences; and one sequence) by warps x value block x value split, and the chunked forward by
+    the prep / scan kernels' warps."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn import chunk_triton as ct
 
-    r, saved = {}, (dict(ct.NUM_WARPS), dict(ct.BV_MAX))
+    r, saved = {}, (dict(ct.NUM_WARPS), dict(ct.BV_MAX), dict(ct.DECODE_VSPLIT))
     q, k, v, gg, beta = (x[:, :, 0].contiguous() for x in prepared_inputs(N_SEQ, HEADS, 1, seed=5))
     caches = [open_chunk_cache(N_SEQ, HEADS, seed=i) for i in range(4)]
     slots = torch.arange(N_SEQ, device=DEV)
@@ -179,18 +181,28 @@ def settings():
         return [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps], c
 
     ref_o, ref_c = one_chunk()
+    q1, k1, v1, g1, b1 = (x[:1] for x in (q, k, v, gg, beta))
+    caches1 = [{name: t[:1].clone() for name, t in c.items()} for c in caches]
+    floor1 = state_floor(caches1)
     try:
-        for warps in (2, 4, 8):
-            for bv in (16, 32, 64, 128):
+        for warps, bv in ((4, 16), (8, 16), (4, 32), (8, 32)):
+            for vs in (1, 2, 4):
                 ct.NUM_WARPS["decode"], ct.BV_MAX["decode"] = warps, bv
+                ct.DECODE_VSPLIT.update(few=vs, many=vs)
                 o, c = one_chunk()
                 same = all(torch.equal(a, b) for a, b in zip(o, ref_o)) and all(torch.equal(c[n], ref_c[n]) for n in c)
                 ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps]
                                   for c in caches], reps=2) / CHUNK
-                r[f"decode_w{warps}_bv{bv}_chunk_mean_over_floor"] = ms / floor
-                r[f"decode_w{warps}_bv{bv}_same_bits"] = same
+                tag = f"decode_w{warps}_bv{bv}_vs{vs}"
+                r[f"{tag}_chunk_mean_over_floor"] = ms / floor
+                r[f"{tag}_same_bits"] = same
+                if bv == 16:  # one sequence (32 heads: 32 programs without the split)
+                    ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q1, k1, v1, g1, b1, slots[:1], p[:1], c)
+                                                   for p in steps] for c in caches1], reps=2) / CHUNK
+                    r[f"{tag}_1seq_chunk_mean_ms"], r[f"{tag}_1seq_chunk_mean_over_floor"] = ms, ms / floor1
         ct.NUM_WARPS.update(saved[0])
         ct.BV_MAX.update(saved[1])
+        ct.DECODE_VSPLIT.update(saved[2])
         pq, pk, pv, pg, pb = prepared_inputs(2, HEADS, T_TRAIN, seed=7)
         s0 = torch.zeros(2, HEADS, 128, 128, device=DEV)
         ref = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
@@ -204,6 +216,7 @@ def settings():
     finally:
         ct.NUM_WARPS.update(saved[0])
         ct.BV_MAX.update(saved[1])
+        ct.DECODE_VSPLIT.update(saved[2])
     return r
 
 

@@ -443,8 +443,9 @@ def test_gdn_scan_triton_matches_torch_loop(dk, dv, prec, scan_precision):
 
 @pytest.mark.parametrize("dk,dv", [(128, 128), (96, 40)])
 def test_gdn_chunk_tf32_bits_do_not_depend_on_launch_settings(dk, dv, monkeypatch):
-    """The tf32 kernels' bits under other warp counts and value blocks (prep, scan, decode): the tile-independence
-    of the tensor-core products that decode == chunked rows rests on, at the kernels' own shapes."""
+    """The tf32 kernels' bits under other warp counts, value blocks and decode value splits (prep, scan, decode):
+    the tile-independence of the tensor-core products that decode == chunked rows rests on, at the kernels' own
+    shapes."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn import chunk_triton as ct
 
@@ -463,10 +464,12 @@ def test_gdn_chunk_tf32_bits_do_not_depend_on_launch_settings(dk, dv, monkeypatc
     slots = torch.arange(n, device=DEV)
     dec_ref = {name: t.clone() for name, t in cache.items()}
     o_ref = ct.chunk_decode_triton(*xs, slots, pos, dec_ref)
-    for warps, bv in (({"prep": 4, "scan": 4, "decode": 4}, {"prep": 32, "scan": 32, "decode": 32}),
-                      ({"prep": 8, "scan": 2, "decode": 2}, {"prep": 16, "scan": 64, "decode": 64})):
+    for warps, bv, vsplit in (({"prep": 4, "scan": 4, "decode": 4}, {"prep": 32, "scan": 32, "decode": 32}, 2),
+                              ({"prep": 8, "scan": 2, "decode": 2}, {"prep": 16, "scan": 64, "decode": 64}, 1),
+                              ({}, {}, 3), ({}, {"decode": 16}, 8)):
         monkeypatch.setattr(ct, "NUM_WARPS", {**ct.NUM_WARPS, **warps})
         monkeypatch.setattr(ct, "BV_MAX", {**ct.BV_MAX, **bv})
+        monkeypatch.setattr(ct, "DECODE_VSPLIT", {"few": vsplit, "many": vsplit})
         got = ct.chunk_fwd_triton(q, k, v, gg, beta, s0, return_rows=True)
         for a, b in zip(got, ref):
             assert torch.equal(a, b), warps

@@ -195,6 +195,11 @@ def _scan_kernel(w_ptr, u0_ptr, qk_ptr, qd_ptr, kd_ptr, gl_ptr, s0_ptr, o_ptr, s
 NUM_WARPS = {"prep": 16, "scan": 8, "decode": 8, "chain": 2}
 BV_MAX = {"prep": 64, "scan": 16, "decode": 16, "chain": 32}
 NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "chain": 1}
+# the dot decode step's value blocks split over this many programs per (sequence, head), each recomputing the
+# shared part (the rows of A, T, w): more programs for few sequences, the same bits (each value column's
+# products are the same whatever program computes them)
+DECODE_VSPLIT = {"few": 1, "many": 1}
+DECODE_VSPLIT_MANY = 16  # sequences from which "many" applies
 _BV: dict[tuple, int] = {}  # (kernel, K, V, widest allowed) -> value block that fits the shared memory
 
 
@@ -268,9 +273,10 @@ def chunk_fwd_triton(q, k, v, g, beta, state, return_rows: bool = False, dots: s
 def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
                    s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, HV,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr,
-                   DOTS: tl.constexpr):
+                   DOTS: tl.constexpr, VSPLIT: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
+    part = tl.program_id(2)  # which VSPLIT-th of the value blocks this program computes (the rest is shared)
     slot = tl.load(slot_ptr + i).to(tl.int64)
     t = tl.load(pos_ptr + i)  # position of this token in its open chunk
     sh = slot * HV + h
@@ -315,8 +321,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
     qk16 = _as_row16(qk_t)
     closes = t == C - 1
 
-    for vb in tl.static_range((V + BV - 1) // BV):
-        vv = vb * BV + tl.arange(0, BV)
+    per_part: tl.constexpr = ((V + BV - 1) // BV + VSPLIT - 1) // VSPLIT
+    for j in tl.static_range(per_part):
+        vv = (part * per_part + j) * BV + tl.arange(0, BV)
         vm = vv < V
         sm = km[:, None] & vm[None, :]
         v_t = tl.load(v_ptr + ih * V + vv, mask=vm, other=0.0)
@@ -336,10 +343,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
             kd = k * tl.exp(G_t - G)[:, None]
             s = tl.dot(tl.trans(kd), u, s * tl.exp(G_t), input_precision=DOTS)
             tl.store(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], s, mask=sm)
-    tl.store(ck_ptr + (sh * C + t) * K + kk, k_t, mask=km)
-    tl.store(cg_ptr + sh * C + t, g_t)
-    tl.store(cb_ptr + sh * C + t, b_t)
-    tl.store(ct_ptr + (sh * C + t) * C + rows, t_row)
+    if part == 0:  # row t of the open chunk (the other parts read only rows < t)
+        tl.store(ck_ptr + (sh * C + t) * K + kk, k_t, mask=km)
+        tl.store(cg_ptr + sh * C + t, g_t)
+        tl.store(cb_ptr + sh * C + t, b_t)
+        tl.store(ct_ptr + (sh * C + t) * C + rows, t_row)
 
 
 @triton.jit
@@ -463,7 +471,9 @@ def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, dots: str = D
                 pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"], cache["cg"], cache["cb"],
                 cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, KP=kp, **_OPTS)
     elif n:
-        _launch("decode", _decode_kernel, lambda bv: (n, hv), q, k, v, g, beta, o, slots.contiguous(),
-                pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"], cache["cg"], cache["cb"],
-                cache["ct"], cache["cu"], hv, K=dk, V=dv, C=CHUNK, KP=kp, DOTS=dots, **_OPTS)
+        vs = DECODE_VSPLIT["many" if n >= DECODE_VSPLIT_MANY else "few"]
+        _launch("decode", _decode_kernel, lambda bv: (n, hv, min(vs, triton.cdiv(dv, bv))), q, k, v, g, beta, o,
+                slots.contiguous(), pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"],
+                cache["cg"], cache["cb"], cache["ct"], cache["cu"], hv, K=dk, V=dv, C=CHUNK, KP=kp, DOTS=dots,
+                VSPLIT=vs, **_OPTS)
     return o
