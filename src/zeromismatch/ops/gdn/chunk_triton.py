@@ -22,13 +22,15 @@ Entries past row t are multiplied by exact zeros (strict / causal masks, T's upp
 changes no sum. Everything else is elementwise (identical source in both kernels; fp fusion off, so no
 compiler-chosen multiply-add contraction) or an exact extraction (a masked sum with one non-zero term). Prefix
 sums use the dot too (a lower-triangular ones matrix), and (I + A)^-1 is forward substitution, one row at a
-time, each row one dot: exactly the decode step's work.
+time, each row one dot: exactly the decode step's work (the trainer takes row i from the whole-tile product
+A @ T at step i, whose row i is that dot's).
 
 Kernels:
 - `_prep_kernel`: one program per (chunk, sequence-head); no state dependency, so all chunks in parallel.
 - `_scan_kernel`: one program per (value block, sequence-head), sequential over the chunks, state in registers.
-- the decode step: one token for a batch of sequences, one program per (sequence, head), state and the open
-  chunk's rows read and written in place in the generator's cache slots. It reads the fp32 state once and
+- the decode step: one token for a batch of sequences, one program per (sequence, head) (the "dot" kernel:
+  DECODE_VSPLIT programs, each its share of the value blocks), state and the open chunk's rows read and
+  written in place in the generator's cache slots. It reads the fp32 state once and
   writes it only when the chunk closes (every 64 tokens); the open chunk's rows (k, v, g, beta, T, u) are
   cached so no earlier row is recomputed. Two kernels: `_decode_kernel` ("dot": the trainer's construct, its
   operand in row 0 of 16-row tiles, either arithmetic) and `_decode_chain_kernel` ("chain", "ieee" only and its
