@@ -13,7 +13,7 @@ trainer; K = V = 128 unless named).
   chunk_reference) with its scan over chunks as the torch loop vs the Triton kernel pair (scan_triton.py, tf32
   and ieee), one sequence of 4096 tokens and all 8 packed; the tf32 gradient's relative error against ieee
 - settings: the tf32 kernels' launch settings (decode: warps x value block x value split, at 64 sequences and
-  at one; forward: prep / scan warps)
+  at one; forward: prep substitution and warps, scan warps)
 """
 
 import torch
@@ -165,11 +165,11 @@ def chunk_grad():
 def settings():
     """tf32 launch settings (any gives the same bits: tests/gpu): the decode step (mean over a chunk's 64
     positions, 64 sequences; and one sequence) by warps x value block x value split, and the chunked forward by
-    the prep / scan kernels' warps."""
+    the prep kernel's substitution (row / whole tile) and warps and the scan kernel's warps."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn import chunk_triton as ct
 
-    r, saved = {}, (dict(ct.NUM_WARPS), dict(ct.BV_MAX), dict(ct.DECODE_VSPLIT))
+    r, saved = {}, (dict(ct.NUM_WARPS), dict(ct.BV_MAX), dict(ct.DECODE_VSPLIT), ct.WHOLE_TILE_SUBSTITUTION)
     q, k, v, gg, beta = (x[:, :, 0].contiguous() for x in prepared_inputs(N_SEQ, HEADS, 1, seed=5))
     caches = [open_chunk_cache(N_SEQ, HEADS, seed=i) for i in range(4)]
     slots = torch.arange(N_SEQ, device=DEV)
@@ -206,14 +206,17 @@ def settings():
         pq, pk, pv, pg, pb = prepared_inputs(2, HEADS, T_TRAIN, seed=7)
         s0 = torch.zeros(2, HEADS, 128, 128, device=DEV)
         ref = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
-        for prep_w in (4, 8, 16):
-            for scan_w, scan_bv in ((4, 32), (8, 16), (8, 64), (4, 128)):
-                ct.NUM_WARPS["prep"], ct.NUM_WARPS["scan"], ct.BV_MAX["scan"] = prep_w, scan_w, scan_bv
-                tag = f"fwd_2x4096_prep_w{prep_w}_scan_w{scan_w}_bv{scan_bv}"
-                got = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
-                r[tag + "_same_bits"] = all(torch.equal(a, b) for a, b in zip(got, ref))
-                r[tag + "_ms"] = bench(lambda: ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0), warmup=2, rep=10)
+        combos = [(whole, prep_w, 8, 16) for whole in (False, True) for prep_w in (4, 8, 16)]
+        combos += [(False, 16, scan_w, scan_bv) for scan_w, scan_bv in ((4, 32), (8, 64), (4, 128))]
+        for whole, prep_w, scan_w, scan_bv in combos:
+            ct.WHOLE_TILE_SUBSTITUTION = whole
+            ct.NUM_WARPS["prep"], ct.NUM_WARPS["scan"], ct.BV_MAX["scan"] = prep_w, scan_w, scan_bv
+            tag = f"fwd_2x4096_{'tile' if whole else 'row'}_prep_w{prep_w}_scan_w{scan_w}_bv{scan_bv}"
+            got = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
+            r[tag + "_same_bits"] = all(torch.equal(a, b) for a, b in zip(got, ref))
+            r[tag + "_ms"] = bench(lambda: ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0), warmup=2, rep=10)
     finally:
+        ct.WHOLE_TILE_SUBSTITUTION = saved[3]
         ct.NUM_WARPS.update(saved[0])
         ct.BV_MAX.update(saved[1])
         ct.DECODE_VSPLIT.update(saved[2])

@@ -38,6 +38,10 @@ def extra_args(ap):
     ap.add_argument("--activation_checkpointing", action="store_true",
                     help="also time every mode with each layer recomputed in backward "
                          "(trainer.activation_checkpointing): '<mode>_ac'")
+    ap.add_argument("--candidates", action="store_true",
+                    help="also time the changes under evaluation: 'bi_torch_act' / 'bi_chunk_tile_torch_act' (torch's "
+                         "one-pass CUDA activations in place of ops/activations.py's composed ones), 'bi_chunk_tile' "
+                         "(chunk_triton.WHOLE_TILE_SUBSTITUTION on)")
     ap.add_argument("--profile", action="store_true",
                     help="profile one microbatch per mode on the first model -> h200_trainer_profile.txt")
 
@@ -54,6 +58,29 @@ def torch_scan(on: bool):
         yield
     finally:
         ag.TRITON_SCAN = flag
+
+
+CANDIDATES = ("bi_torch_act", "bi_chunk_tile", "bi_chunk_tile_torch_act")
+
+
+@contextlib.contextmanager
+def candidate(mode: str):
+    """The changes a --candidates row turns on while it is built and timed (module attributes, restored after):
+    '_torch_act' patches ops/activations.py's functions (read when the numerics are set), '_tile' the chunked
+    forward's substitution."""
+    import torch.nn.functional as F
+
+    import zeromismatch.ops.activations as act
+    import zeromismatch.ops.gdn.chunk_triton as ct
+
+    saved = (act.silu, act.sigmoid, act.softplus, ct.WHOLE_TILE_SUBSTITUTION)
+    if mode.endswith("_torch_act"):
+        act.silu, act.sigmoid, act.softplus = F.silu, torch.sigmoid, F.softplus
+    ct.WHOLE_TILE_SUBSTITUTION = "_tile" in mode or saved[3]
+    try:
+        yield
+    finally:
+        act.silu, act.sigmoid, act.softplus, ct.WHOLE_TILE_SUBSTITUTION = saved
 
 
 def step(model, microbatches: list[list[list[int]]]) -> tuple[float, float]:
@@ -142,13 +169,14 @@ def main():
         modes = args.modes.split(",") + (["stock_torch_scan"] if args.torch_scan else [])
         modes += [f"{m}_fp32_head" for m in args.modes.split(",")] if args.fp32_head else []
         modes += [f"{m}_ac" for m in args.modes.split(",")] if args.activation_checkpointing else []
+        modes += list(CANDIDATES) if args.candidates else []
         for mode in modes:
             base = mode
-            for suffix in ("_ac", "_torch_scan", "_fp32_head"):
+            for suffix in ("_ac", "_torch_scan", "_fp32_head", "_torch_act", "_tile"):
                 base = base.removesuffix(suffix)
-            model.set_numerics({"name": base, "lm_head": "fp32"} if mode.endswith("_fp32_head") else base)
-            model.activation_checkpointing = mode.endswith("_ac")
-            with torch_scan(mode.endswith("_torch_scan")):
+            with candidate(mode), torch_scan(mode.endswith("_torch_scan")):
+                model.set_numerics({"name": base, "lm_head": "fp32"} if mode.endswith("_fp32_head") else base)
+                model.activation_checkpointing = mode.endswith("_ac")
                 res[name][mode] = measure(model, seqs, args.reps, 6 * n * tokens, args.peak_tflops)
                 if args.profile and name == args.models.split(",")[0] and not mode.endswith("_torch_scan"):
                     with open(f"{args.out}/h200_trainer_profile.txt", "a") as f:

@@ -25,16 +25,22 @@ def test_row_reduce_invariant(d):
     torch.testing.assert_close(full_m, x.double().pow(2).mean(-1, keepdim=True).float(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("form", ["ours", "torch"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_activations_elementwise_invariant(dtype):
-    """The bi modes' activations on CUDA (composed from exp, log1p and division, each a torch elementwise kernel):
-    an element's bits do not depend on its position, the tensor's size, alignment (vectorized vs unrolled paths)
-    or strides; under autograd too."""
+def test_activations_elementwise_invariant(dtype, form):
+    """The bi modes' activations on CUDA (ours: composed from exp, log1p and division, each a torch elementwise
+    kernel; torch: its one-pass sigmoid / silu / softplus kernels, the candidate replacement): an element's bits
+    do not depend on its position, the tensor's size, alignment (vectorized vs unrolled paths) or strides; under
+    autograd too."""
+    import torch.nn.functional as F
+
     from zeromismatch.ops import activations
 
     x = (torch.randn(10007, device=DEV, generator=_gen(40)) * 8).to(dtype)
     m = (torch.randn(300, 257, device=DEV, generator=_gen(41)) * 8).to(dtype)
-    for fn in (activations.silu, activations.sigmoid, activations.softplus):
+    fns = {"ours": (activations.silu, activations.sigmoid, activations.softplus),
+           "torch": (F.silu, torch.sigmoid, F.softplus)}[form]
+    for fn in fns:
         full = fn(x)
         for off in range(9):
             assert torch.equal(fn(x[off:]), full[off:]), (fn.__name__, off)
@@ -443,9 +449,9 @@ def test_gdn_scan_triton_matches_torch_loop(dk, dv, prec, scan_precision):
 
 @pytest.mark.parametrize("dk,dv", [(128, 128), (96, 40)])
 def test_gdn_chunk_tf32_bits_do_not_depend_on_launch_settings(dk, dv, monkeypatch):
-    """The tf32 kernels' bits under other warp counts, value blocks and decode value splits (prep, scan, decode):
-    the tile-independence of the tensor-core products that decode == chunked rows rests on, at the kernels' own
-    shapes."""
+    """The tf32 kernels' bits under other warp counts, value blocks, decode value splits and the prep kernel's
+    whole-tile substitution: the tile-independence of the tensor-core products that decode == chunked rows rests
+    on, at the kernels' own shapes."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn import chunk_triton as ct
 
@@ -464,12 +470,14 @@ def test_gdn_chunk_tf32_bits_do_not_depend_on_launch_settings(dk, dv, monkeypatc
     slots = torch.arange(n, device=DEV)
     dec_ref = {name: t.clone() for name, t in cache.items()}
     o_ref = ct.chunk_decode_triton(*xs, slots, pos, dec_ref)
-    for warps, bv, vsplit in (({"prep": 4, "scan": 4, "decode": 4}, {"prep": 32, "scan": 32, "decode": 32}, 2),
-                              ({"prep": 8, "scan": 2, "decode": 2}, {"prep": 16, "scan": 64, "decode": 64}, 1),
-                              ({}, {}, 3), ({}, {"decode": 16}, 8)):
+    for warps, bv, vsplit, whole in (
+            ({"prep": 4, "scan": 4, "decode": 4}, {"prep": 32, "scan": 32, "decode": 32}, 2, False),
+            ({"prep": 8, "scan": 2, "decode": 2}, {"prep": 16, "scan": 64, "decode": 64}, 1, True),
+            ({"prep": 4}, {}, 3, True), ({"prep": 16}, {"decode": 16}, 8, True)):
         monkeypatch.setattr(ct, "NUM_WARPS", {**ct.NUM_WARPS, **warps})
         monkeypatch.setattr(ct, "BV_MAX", {**ct.BV_MAX, **bv})
         monkeypatch.setattr(ct, "DECODE_VSPLIT", {"few": vsplit, "many": vsplit})
+        monkeypatch.setattr(ct, "WHOLE_TILE_SUBSTITUTION", whole)
         got = ct.chunk_fwd_triton(q, k, v, gg, beta, s0, return_rows=True)
         for a, b in zip(got, ref):
             assert torch.equal(a, b), warps

@@ -159,10 +159,10 @@ def chunk_triton():
         yield module
 
 
-def test_chunk_kernels_substitutions_agree_and_rows_are_prefix_stable_interpreted(chunk_triton):
-    """The chunked forward's two forward substitutions for (I + A)^-1 (whole-tile products for the tensor-core
-    arithmetic, one padded row at a time for ieee, which the decode step runs) give the same bits, so the
-    trainer's rows are the decode step's; a zero-padded open chunk gives the same rows; float64 agrees."""
+def test_chunk_kernels_substitutions_agree_and_rows_are_prefix_stable_interpreted(chunk_triton, monkeypatch):
+    """The chunked forward's two forward substitutions for (I + A)^-1 (row i of the whole-tile product at step i,
+    or one padded row at a time as the decode step runs it) give the same bits, so either way the trainer's rows
+    are the decode step's; a zero-padded open chunk gives the same rows; float64 agrees."""
     g = torch.Generator().manual_seed(12)
     b, h, t, dk, dv = 2, 2, 128, 16, 32
     q = F.normalize(torch.randn(b, h, t, dk, generator=g), dim=-1) * dk**-0.5
@@ -170,10 +170,12 @@ def test_chunk_kernels_substitutions_agree_and_rows_are_prefix_stable_interprete
     v = torch.randn(b, h, t, dv, generator=g)
     gate, beta = -torch.rand(b, h, t, generator=g) * 0.3, torch.rand(b, h, t, generator=g)
     s0 = torch.randn(b, h, dk, dv, generator=g) * 0.1
-    tf32 = chunk_triton.chunk_fwd_triton(q, k, v, gate, beta, s0, return_rows=True, dots="tf32")
     ieee = chunk_triton.chunk_fwd_triton(q, k, v, gate, beta, s0, return_rows=True, dots="ieee")
-    for a, c in zip(tf32, ieee):  # o, states, (I + A)^-1 per chunk, u
-        assert torch.equal(a, c)
+    for whole in (False, True):
+        monkeypatch.setattr(chunk_triton, "WHOLE_TILE_SUBSTITUTION", whole)
+        tf32 = chunk_triton.chunk_fwd_triton(q, k, v, gate, beta, s0, return_rows=True, dots="tf32")
+        for a, c in zip(tf32, ieee):  # o, states, (I + A)^-1 per chunk, u
+            assert torch.equal(a, c), whole
     o64, st64 = chunk_fwd(*(x.double() for x in (q, k, v, gate, beta, s0)))
     assert rel(tf32[0].double(), o64) < 1e-5 and rel(tf32[1].double(), st64) < 1e-5
     r = 23  # an open chunk of 23 rows, zero-padded, from the boundary state

@@ -22,8 +22,8 @@ Entries past row t are multiplied by exact zeros (strict / causal masks, T's upp
 changes no sum. Everything else is elementwise (identical source in both kernels; fp fusion off, so no
 compiler-chosen multiply-add contraction) or an exact extraction (a masked sum with one non-zero term). Prefix
 sums use the dot too (a lower-triangular ones matrix), and (I + A)^-1 is forward substitution, one row at a
-time, each row one dot: exactly the decode step's work (the trainer takes row i from the whole-tile product
-A @ T at step i, whose row i is that dot's).
+time, each row one dot: exactly the decode step's work (or, WHOLE_TILE_SUBSTITUTION, row i of the whole-tile
+product A @ T at step i, whose row i is that dot's).
 
 Kernels:
 - `_prep_kernel`: one program per (chunk, sequence-head); no state dependency, so all chunks in parallel.
@@ -106,7 +106,7 @@ def _tri_row(a, tm, DOTS: tl.constexpr):
 @triton.jit(do_not_specialize=["T"])
 def _prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u0_ptr, qk_ptr, qd_ptr, kd_ptr, gl_ptr, tm_ptr, T,
                  K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, STORE_T: tl.constexpr,
-                 DOTS: tl.constexpr):
+                 DOTS: tl.constexpr, WHOLE_TILE: tl.constexpr):
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     n_chunks = T // C
@@ -135,15 +135,14 @@ def _prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u0_ptr, qk_ptr, qd_pt
     a = tl.dot(kb, tl.trans(k), input_precision=DOTS) * decay
     a = tl.where(rows[None, :] < rows[:, None], a, 0.0)
     tm = tl.zeros((C, C), dtype=tl.float32)
-    if DOTS == "ieee":
+    if not WHOLE_TILE:
         for i in range(0, C):  # forward substitution, row by row (the decode step's per-token work)
             new = tl.where(rows == i, 1.0, _tri_row(_row(a, i, C), tm, DOTS))
             tm = tl.where(rows[:, None] == i, new[None, :], tm)
     else:
         # the same rows: at step i, row i of the whole-tile product a @ T is row i's dot of the loop above (a row's
-        # products do not depend on the tile's other rows), so no row is extracted or padded. Tensor-core rows
-        # cost the same at 64 rows as at 16; fp32 FMA chains (ieee) would cost 4x, so ieee keeps the loop above.
-        # "+ 0.0" is _row's exact extraction (a sum with zeros) that the loop above applies before negating.
+        # products do not depend on the tile's other rows), so no row is extracted or padded. "+ 0.0" is _row's
+        # exact extraction (a sum with zeros) that the loop above applies before negating.
         for i in range(0, C):
             new = tl.where(rows[None, :] == i, 1.0, -(tl.dot(a, tm, input_precision=DOTS) + 0.0))
             tm = tl.where(rows[:, None] == i, new, tm)
@@ -197,6 +196,10 @@ def _scan_kernel(w_ptr, u0_ptr, qk_ptr, qd_ptr, kd_ptr, gl_ptr, s0_ptr, o_ptr, s
 NUM_WARPS = {"prep": 16, "scan": 8, "decode": 8, "chain": 2}
 BV_MAX = {"prep": 64, "scan": 16, "decode": 16, "chain": 32}
 NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "chain": 1}
+# the prep kernel's forward substitution in the tensor-core arithmetic: row i from the whole-tile product A @ T
+# (64-row dots, no row extraction) instead of the padded-row dot; the same bits (tests/gpu), the speed measured
+# by benchmarks/gdn.py (settings). ieee keeps the padded row: a 64-row FMA chain costs 4x a 16-row one.
+WHOLE_TILE_SUBSTITUTION = False
 # the dot decode step's value blocks split over this many programs per (sequence, head), each recomputing the
 # shared part (the rows of A, T, w): more programs for few sequences, the same bits (each value column's
 # products are the same whatever program computes them)
@@ -258,7 +261,8 @@ def chunk_fwd_triton(q, k, v, g, beta, state, return_rows: bool = False, dots: s
     u = torch.empty(b, h, t, dv, **f32) if return_rows else o
     if b * h and n:
         _launch("prep", _prep_kernel, lambda bv: (n, b * h), q, k, v, g, beta, w, u0, qk, qd, kd, gl, tm, t, K=dk, V=dv,
-                C=CHUNK, STORE_T=return_rows, DOTS=dots, **_OPTS)
+                C=CHUNK, STORE_T=return_rows, DOTS=dots, WHOLE_TILE=WHOLE_TILE_SUBSTITUTION and dots != "ieee",
+                **_OPTS)
         _launch("scan", _scan_kernel, lambda bv: (dv // bv, b * h), w, u0, qk, qd, kd, gl, s0, o, states, u, t, K=dk,
                 V=dv, C=CHUNK, STORE_STATES=True, STORE_U=return_rows, DOTS=dots, **_OPTS)
     else:
