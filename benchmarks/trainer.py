@@ -39,9 +39,8 @@ def extra_args(ap):
                     help="also time every mode with each layer recomputed in backward "
                          "(trainer.activation_checkpointing): '<mode>_ac'")
     ap.add_argument("--candidates", action="store_true",
-                    help="also time the changes under evaluation: 'bi_torch_act' / 'bi_chunk_tile_torch_act' (torch's "
-                         "one-pass CUDA activations in place of ops/activations.py's composed ones), 'bi_chunk_tile' "
-                         "(chunk_triton.WHOLE_TILE_SUBSTITUTION on)")
+                    help="also time the changes under evaluation: 'bi_chunk_tile' (chunk_triton.WHOLE_TILE_SUBSTITUTION "
+                         "on)")
     ap.add_argument("--profile", action="store_true",
                     help="profile one microbatch per mode on the first model -> h200_trainer_profile.txt")
 
@@ -60,27 +59,21 @@ def torch_scan(on: bool):
         ag.TRITON_SCAN = flag
 
 
-CANDIDATES = ("bi_torch_act", "bi_chunk_tile", "bi_chunk_tile_torch_act")
+CANDIDATES = ("bi_chunk_tile",)
 
 
 @contextlib.contextmanager
 def candidate(mode: str):
-    """The changes a --candidates row turns on while it is built and timed (module attributes, restored after):
-    '_torch_act' patches ops/activations.py's functions (read when the numerics are set), '_tile' the chunked
-    forward's substitution."""
-    import torch.nn.functional as F
-
-    import zeromismatch.ops.activations as act
+    """The change a --candidates row turns on while it is timed (a module attribute, restored after): '_tile'
+    the chunked forward's substitution."""
     import zeromismatch.ops.gdn.chunk_triton as ct
 
-    saved = (act.silu, act.sigmoid, act.softplus, ct.WHOLE_TILE_SUBSTITUTION)
-    if mode.endswith("_torch_act"):
-        act.silu, act.sigmoid, act.softplus = F.silu, torch.sigmoid, F.softplus
-    ct.WHOLE_TILE_SUBSTITUTION = "_tile" in mode or saved[3]
+    saved = ct.WHOLE_TILE_SUBSTITUTION
+    ct.WHOLE_TILE_SUBSTITUTION = mode.endswith("_tile") or saved
     try:
         yield
     finally:
-        act.silu, act.sigmoid, act.softplus, ct.WHOLE_TILE_SUBSTITUTION = saved
+        ct.WHOLE_TILE_SUBSTITUTION = saved
 
 
 def step(model, microbatches: list[list[list[int]]]) -> tuple[float, float]:
@@ -172,7 +165,7 @@ def main():
         modes += list(CANDIDATES) if args.candidates else []
         for mode in modes:
             base = mode
-            for suffix in ("_ac", "_torch_scan", "_fp32_head", "_torch_act", "_tile"):
+            for suffix in ("_ac", "_torch_scan", "_fp32_head", "_tile"):
                 base = base.removesuffix(suffix)
             with candidate(mode), torch_scan(mode.endswith("_torch_scan")):
                 model.set_numerics({"name": base, "lm_head": "fp32"} if mode.endswith("_fp32_head") else base)
