@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 run (from the repo root; the device sets $OUT): tests/gpu, then the parity numbers and the kernel
 # and model timings, one after another (they share the GPU), each under its own time limit so the whole run
-# fits one 10-minute device call; every JSON is written as its sections finish.
+# fits one 10-minute run; every JSON is written as its sections finish.
 #   bash benchmarks/run_h200.sh COMMIT        (the device copy of the tree may have no .git: pass the commit)
 # TESTS (pytest arguments, default tests/gpu; none: no tests) and BENCH (which benchmarks, default "parity gdn gemm model moe
 # attention"; add trainer and generator, or set WITH_TRAINER / WITH_GENERATOR) select a smaller run; ARGS_<name>
@@ -9,7 +9,7 @@
 # Writes to $OUT: log.txt, pytest_gpu.txt, parity_presets.json, parity_sweep.json, gdn.json, gemm.json,
 # model_forward.json, moe.json, h200_trainer.json + .png (WITH_TRAINER=1: benchmarks/trainer.py, over 4 minutes:
 # qwen3_5_mid alone took 220 s), h200_generator.json + .png (the generator's decode vs its memory floor: benchmarks/generator.py,
-# ~5 minutes alone: run it in its own device call when the rest takes the 10 minutes).
+# ~5 minutes alone: run it on its own when the rest takes the 10 minutes).
 set -o pipefail
 OUT="${OUT:-results/gpu/latest}"
 COMMIT="${1:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
