@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from interpreted_helpers import interpreted_kernels
 from zeromismatch.ops.attention import blocked_attention, sdpa_attention
 
 
@@ -45,13 +46,7 @@ def flash():
     """flash_triton with its kernel interpreted (TRITON_INTERPRET is read when a kernel is decorated and at
     launch) and tl.dot as a sequential chain (ops.interpreter): the kernel's logic on the CPU; its tensor-core bits
     are checked on the GPU (tests/gpu/test_gpu_attention.py)."""
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA machine runs the compiled kernel (tests/gpu/test_gpu_attention.py)")
-    pytest.importorskip("triton")
-    from zeromismatch.ops.interpreter import interpreted
-
-    with interpreted("zeromismatch.ops.attention.flash_triton") as module:
-        yield module
+    yield from interpreted_kernels("zeromismatch.ops.attention.flash_triton")
 
 
 @pytest.mark.parametrize("hq,hkv,d", [(4, 2, 32), (3, 1, 40), (2, 2, 16)])

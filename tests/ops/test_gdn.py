@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from interpreted_helpers import interpreted_kernels
 from zeromismatch.generator.cache import BLOCK_SIZE
 from zeromismatch.ops.attention import BLOCK
 from zeromismatch.ops.gdn import CHUNK
@@ -150,13 +151,7 @@ def chunk_triton():
     """ops/gdn/chunk_triton.py with its kernels interpreted and the GPU's fp32 dot emulated (a sequential
     multiply-add chain over K, the same for every tile: ops/interpreter.py). Under that emulation the two
     arithmetics compute the same products, so only the kernels' logic differs between them."""
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA machine runs the compiled kernels (tests/gpu/test_gpu_kernels.py)")
-    pytest.importorskip("triton")
-    from zeromismatch.ops.interpreter import interpreted
-
-    with interpreted("zeromismatch.ops.gdn.chunk_triton") as module:
-        yield module
+    yield from interpreted_kernels("zeromismatch.ops.gdn.chunk_triton")
 
 
 def test_chunk_kernels_substitutions_agree_and_rows_are_prefix_stable_interpreted(chunk_triton, monkeypatch):

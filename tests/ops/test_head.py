@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from interpreted_helpers import interpreted_kernels
 from zeromismatch.ops.linear import invariant_logits, stock_logits
 from zeromismatch.ops.linear import linear as invariant_linear
 
@@ -36,13 +37,7 @@ def test_cpu_heads_are_the_fp32_gemm_of_the_casts():
 
 @pytest.fixture(scope="module")
 def tri():
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA machine runs the compiled kernels (tests/gpu/test_gpu_kernels.py)")
-    pytest.importorskip("triton")
-    from zeromismatch.ops.interpreter import interpreted
-
-    with interpreted("zeromismatch.ops.linear.triton") as module:
-        yield module
+    yield from interpreted_kernels("zeromismatch.ops.linear.triton")
 
 
 def test_fp32_output_rows_are_invariant_and_fp32_accurate_interpreted(tri):

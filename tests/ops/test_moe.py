@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from interpreted_helpers import interpreted_kernels
 from zeromismatch.ops import activations, moe
 from zeromismatch.ops.linear import cpu as linear_cpu
 from zeromismatch.ops.moe import cpu, grouped_mm, naive, routing
@@ -152,13 +153,7 @@ def gt():
     at launch, so it stays set for this module's tests (ops.device read it at import: the other ops keep their CPU
     forms). The interpreter's fp32 tl.dot is numpy's matmul, whose BLAS blocks across rows; emulate_gpu_arithmetic
     replaces it by the sequential multiply-add chain over K that the GPU's FMA lowering runs."""
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA machine runs the compiled kernels (tests/gpu/test_gpu_moe.py)")
-    pytest.importorskip("triton")
-    from zeromismatch.ops.interpreter import interpreted
-
-    with interpreted("zeromismatch.ops.moe.grouped_triton") as module:
-        yield module
+    yield from interpreted_kernels("zeromismatch.ops.moe.grouped_triton")
 
 
 @pytest.mark.parametrize("shape", SHAPES[:4])
