@@ -169,7 +169,7 @@ def settings():
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn import chunk_triton as ct
 
-    r, saved = {}, (dict(ct.NUM_WARPS), dict(ct.BV_MAX), dict(ct.DECODE_VSPLIT), ct.WHOLE_TILE_SUBSTITUTION)
+    r, saved = {}, (dict(ct.NUM_WARPS), dict(ct.BV_MAX), ct.DECODE_VSPLIT, ct.WHOLE_TILE_SUBSTITUTION)
     q, k, v, gg, beta = (x[:, :, 0].contiguous() for x in prepared_inputs(N_SEQ, HEADS, 1, seed=5))
     caches = [open_chunk_cache(N_SEQ, HEADS, seed=i) for i in range(4)]
     slots = torch.arange(N_SEQ, device=DEV)
@@ -188,7 +188,7 @@ def settings():
         for warps, bv in ((4, 16), (8, 16), (4, 32), (8, 32)):
             for vs in (1, 2, 4):
                 ct.NUM_WARPS["decode"], ct.BV_MAX["decode"] = warps, bv
-                ct.DECODE_VSPLIT.update(few=vs, many=vs)
+                ct.DECODE_VSPLIT = vs
                 o, c = one_chunk()
                 same = all(torch.equal(a, b) for a, b in zip(o, ref_o)) and all(torch.equal(c[n], ref_c[n]) for n in c)
                 ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps]
@@ -200,9 +200,6 @@ def settings():
                     ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q1, k1, v1, g1, b1, slots[:1], p[:1], c)
                                                    for p in steps] for c in caches1], reps=2) / CHUNK
                     r[f"{tag}_1seq_chunk_mean_ms"], r[f"{tag}_1seq_chunk_mean_over_floor"] = ms, ms / floor1
-        ct.NUM_WARPS.update(saved[0])
-        ct.BV_MAX.update(saved[1])
-        ct.DECODE_VSPLIT.update(saved[2])
         pq, pk, pv, pg, pb = prepared_inputs(2, HEADS, T_TRAIN, seed=7)
         s0 = torch.zeros(2, HEADS, 128, 128, device=DEV)
         ref = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
@@ -219,7 +216,7 @@ def settings():
         ct.WHOLE_TILE_SUBSTITUTION = saved[3]
         ct.NUM_WARPS.update(saved[0])
         ct.BV_MAX.update(saved[1])
-        ct.DECODE_VSPLIT.update(saved[2])
+        ct.DECODE_VSPLIT = saved[2]
     return r
 
 

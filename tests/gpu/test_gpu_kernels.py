@@ -470,7 +470,7 @@ def test_gdn_chunk_tf32_bits_do_not_depend_on_launch_settings(dk, dv, monkeypatc
             ({"prep": 4}, {}, 3, True), ({"prep": 16}, {"decode": 16}, 8, True)):
         monkeypatch.setattr(ct, "NUM_WARPS", {**ct.NUM_WARPS, **warps})
         monkeypatch.setattr(ct, "BV_MAX", {**ct.BV_MAX, **bv})
-        monkeypatch.setattr(ct, "DECODE_VSPLIT", {"few": vsplit, "many": vsplit})
+        monkeypatch.setattr(ct, "DECODE_VSPLIT", vsplit)
         monkeypatch.setattr(ct, "WHOLE_TILE_SUBSTITUTION", whole)
         got = ct.chunk_fwd_triton(q, k, v, gg, beta, s0, return_rows=True)
         for a, b in zip(got, ref):

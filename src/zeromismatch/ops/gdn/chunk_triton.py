@@ -202,9 +202,8 @@ NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "chain": 1}
 WHOLE_TILE_SUBSTITUTION = False
 # the dot decode step's value blocks split over this many programs per (sequence, head), each recomputing the
 # shared part (the rows of A, T, w): more programs for few sequences, the same bits (each value column's
-# products are the same whatever program computes them)
-DECODE_VSPLIT = {"few": 1, "many": 1}
-DECODE_VSPLIT_MANY = 16  # sequences from which "many" applies
+# products are the same whatever program computes them); benchmarks/gdn.py (settings) times it
+DECODE_VSPLIT = 1
 _BV: dict[tuple, int] = {}  # (kernel, K, V, widest allowed) -> value block that fits the shared memory
 
 
@@ -477,9 +476,8 @@ def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, dots: str = D
                 pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"], cache["cg"], cache["cb"],
                 cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, KP=kp, **_OPTS)
     elif n:
-        vs = DECODE_VSPLIT["many" if n >= DECODE_VSPLIT_MANY else "few"]
-        _launch("decode", _decode_kernel, lambda bv: (n, hv, min(vs, triton.cdiv(dv, bv))), q, k, v, g, beta, o,
-                slots.contiguous(), pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"],
+        _launch("decode", _decode_kernel, lambda bv: (n, hv, min(DECODE_VSPLIT, triton.cdiv(dv, bv))), q, k, v, g,
+                beta, o, slots.contiguous(), pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"],
                 cache["cg"], cache["cb"], cache["ct"], cache["cu"], hv, K=dk, V=dv, C=CHUNK, KP=kp, DOTS=dots,
-                VSPLIT=vs, **_OPTS)
+                VSPLIT=DECODE_VSPLIT, **_OPTS)
     return o
