@@ -12,6 +12,7 @@ parameters, the same in every mode)."""
 import contextlib
 import statistics
 import time
+from unittest import mock
 
 import torch
 from common import DEV, log, parse_args, write_json
@@ -46,34 +47,20 @@ def extra_args(ap):
 
 
 @contextlib.contextmanager
-def torch_scan(on: bool):
-    """The trainer's GDN scan over chunks as the torch loop (naive.chunk_scan) while on, else the Triton scan
-    (ops/gdn/scan_triton.py): autograd.TRITON_SCAN, so both are timed in the same run."""
+def switches(mode: str):
+    """The module switches a row's name turns on while it is built and timed (restored after): '_torch_scan' the
+    trainer's GDN scan over chunks as the torch loop (naive.chunk_scan) instead of the Triton scan
+    (ops/gdn/autograd.py TRITON_SCAN), '_tile' the chunked forward's whole-tile substitution
+    (ops/gdn/chunk_triton.py WHOLE_TILE_SUBSTITUTION, a --candidates row); so either form is timed in one run."""
     import zeromismatch.ops.gdn.autograd as ag
+    import zeromismatch.ops.gdn.chunk_triton as ct
 
-    flag = ag.TRITON_SCAN
-    ag.TRITON_SCAN = not on
-    try:
+    with mock.patch.object(ag, "TRITON_SCAN", not mode.endswith("_torch_scan")), \
+            mock.patch.object(ct, "WHOLE_TILE_SUBSTITUTION", mode.endswith("_tile") or ct.WHOLE_TILE_SUBSTITUTION):
         yield
-    finally:
-        ag.TRITON_SCAN = flag
 
 
 CANDIDATES = ("bi_chunk_tile",)
-
-
-@contextlib.contextmanager
-def candidate(mode: str):
-    """The change a --candidates row turns on while it is timed (a module attribute, restored after): '_tile'
-    the chunked forward's substitution."""
-    import zeromismatch.ops.gdn.chunk_triton as ct
-
-    saved = ct.WHOLE_TILE_SUBSTITUTION
-    ct.WHOLE_TILE_SUBSTITUTION = mode.endswith("_tile") or saved
-    try:
-        yield
-    finally:
-        ct.WHOLE_TILE_SUBSTITUTION = saved
 
 
 def step(model, microbatches: list[list[list[int]]]) -> tuple[float, float]:
@@ -167,7 +154,7 @@ def main():
             base = mode
             for suffix in ("_ac", "_torch_scan", "_fp32_head", "_tile"):
                 base = base.removesuffix(suffix)
-            with candidate(mode), torch_scan(mode.endswith("_torch_scan")):
+            with switches(mode):
                 model.set_numerics({"name": base, "lm_head": "fp32"} if mode.endswith("_fp32_head") else base)
                 model.activation_checkpointing = mode.endswith("_ac")
                 res[name][mode] = measure(model, seqs, args.reps, 6 * n * tokens, args.peak_tflops)
