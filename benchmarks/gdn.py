@@ -185,7 +185,7 @@ def settings():
     caches1 = [{name: t[:1].clone() for name, t in c.items()} for c in caches]
     floor1 = state_floor(caches1)
     try:
-        for warps, bv in ((4, 16), (8, 16), (4, 32), (8, 32)):
+        for warps, bv in ((2, 16), (4, 16), (8, 16), (2, 32), (4, 32), (8, 32), (4, 64)):
             for vs in (1, 2, 4):
                 ct.NUM_WARPS["decode"], ct.BV_MAX["decode"] = warps, bv
                 ct.DECODE_VSPLIT = vs
