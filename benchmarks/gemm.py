@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from common import bench, bench_graph, log, parse_args, rand, write_json
 
 TRAIN_KN = [(4096, 4096), (4096, 12352), (4096, 12288), (12288, 4096)]
-DECODE_ALTERNATIVES = ["d16", "d16w", "d32", "d64", "s64_tma", "m128_tma"]
+DECODE_ALTERNATIVES = ["d16", "d16w", "pd16", "pd32", "d32", "d64", "s64_tma", "m128_tma"]
 
 
 def ceilings():

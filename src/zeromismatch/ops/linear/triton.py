@@ -82,6 +82,10 @@ CONFIGS = {
     # stage less shared memory, so more programs stream the weight per SM
     "d16": Cfg(16, 64, 2 * BLOCK_K_BF16, 4, 6, tma=True),
     "d16w": Cfg(16, 128, 2 * BLOCK_K_BF16, 4, 5, tma=True),
+    # decode candidates, persistent: one program per SM walks narrow N tiles with its pipeline running on from one
+    # tile into the next, so N / BN tiles need not fill whole waves (M = 1: 4096 / 64 = 64 programs on 132 SMs)
+    "pd32": Cfg(64, 32, 2 * BLOCK_K_BF16, 4, 8, tma=True, persistent=True),
+    "pd16": Cfg(16, 32, 2 * BLOCK_K_BF16, 4, 8, tma=True, persistent=True),
     "f32": Cfg(64, 64, BLOCK_K_FP32, 4, 3),
     "f32_s": Cfg(32, 64, BLOCK_K_FP32, 4, 3),
     "f32_l": Cfg(128, 128, BLOCK_K_FP32, 8, 3),
