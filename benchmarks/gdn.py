@@ -82,8 +82,8 @@ def chunk_decode():
     from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton, chunk_fwd_triton
 
     r = {}
-    kernels = (("tf32", "dot"), ("ieee", "chain"), ("ieee", "dot"))
-    for dk, dv, variants, positions in ((128, 128, kernels, (0, 31, 63)), (96, 96, kernels[:2], (31,))):
+    kernels = (("tf32", "dot"), ("tf32", "rep"), ("ieee", "chain"), ("ieee", "dot"))
+    for dk, dv, variants, positions in ((128, 128, kernels, (0, 31, 63)), (96, 96, kernels[:3], (31,))):
         q, k, v, gg, beta = (x[:, :, 0].contiguous() for x in prepared_inputs(N_SEQ, HEADS, 1, dk, dv, seed=5))
         caches = [open_chunk_cache(N_SEQ, HEADS, dk, dv, seed=i) for i in range(4)]
         slots, tag = torch.arange(N_SEQ, device=DEV), f"K{dk}_V{dv}"
@@ -176,28 +176,31 @@ def settings():
     steps = [torch.full((N_SEQ,), t, device=DEV) for t in range(CHUNK)]
     floor = state_floor(caches)
 
-    def one_chunk():  # a chunk of decode steps from the same cache: (outputs, final cache) to compare bits
+    def one_chunk(kernel):  # a chunk of decode steps from the same cache: (outputs, final cache) to compare bits
         c = {name: t.clone() for name, t in caches[0].items()}
-        return [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps], c
+        return [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c, kernel=kernel) for p in steps], c
 
-    ref_o, ref_c = one_chunk()
+    ref_o, ref_c = one_chunk("dot")
     q1, k1, v1, g1, b1 = (x[:1] for x in (q, k, v, gg, beta))
     caches1 = [{name: t[:1].clone() for name, t in c.items()} for c in caches]
     floor1 = state_floor(caches1)
     try:
-        for warps, bv in ((2, 16), (4, 16), (8, 16), (2, 32), (4, 32), (8, 32), (4, 64)):
+        for kernel, warps, bv in [("dot", w, b) for w, b in ((2, 16), (4, 16), (8, 16), (4, 32), (8, 32))] \
+                + [("rep", w, b) for w, b in ((4, 16), (8, 16), (4, 32), (8, 32))]:
             for vs in (1, 2, 4):
-                ct.NUM_WARPS["decode"], ct.BV_MAX["decode"] = warps, bv
+                name = "decode" if kernel == "dot" else kernel
+                ct.NUM_WARPS[name], ct.BV_MAX[name] = warps, bv
                 ct.DECODE_VSPLIT = vs
-                o, c = one_chunk()
+                o, c = one_chunk(kernel)
                 same = all(torch.equal(a, b) for a, b in zip(o, ref_o)) and all(torch.equal(c[n], ref_c[n]) for n in c)
-                ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps]
-                                  for c in caches], reps=2) / CHUNK
-                tag = f"decode_w{warps}_bv{bv}_vs{vs}"
+                ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c, kernel=kernel)
+                                               for p in steps] for c in caches], reps=2) / CHUNK
+                tag = f"{kernel}_w{warps}_bv{bv}_vs{vs}"
                 r[f"{tag}_chunk_mean_over_floor"] = ms / floor
                 r[f"{tag}_same_bits"] = same
                 if bv == 16:  # one sequence (32 heads: 32 programs without the split)
-                    ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q1, k1, v1, g1, b1, slots[:1], p[:1], c)
+                    ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q1, k1, v1, g1, b1, slots[:1], p[:1], c,
+                                                                          kernel=kernel)
                                                    for p in steps] for c in caches1], reps=2) / CHUNK
                     r[f"{tag}_1seq_chunk_mean_ms"], r[f"{tag}_1seq_chunk_mean_over_floor"] = ms, ms / floor1
         pq, pk, pv, pg, pb = prepared_inputs(2, HEADS, T_TRAIN, seed=7)
@@ -212,6 +215,8 @@ def settings():
             got = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
             r[tag + "_same_bits"] = all(torch.equal(a, b) for a, b in zip(got, ref))
             r[tag + "_ms"] = bench(lambda: ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0), warmup=2, rep=10)
+    except KeyboardInterrupt:  # the time limit (SIGINT): keep what was measured
+        r["interrupted"] = True
     finally:
         ct.WHOLE_TILE_SUBSTITUTION = saved[3]
         ct.NUM_WARPS.update(saved[0])
