@@ -177,3 +177,42 @@ def test_chunk_kernels_substitutions_agree_and_rows_are_prefix_stable_interprete
     pad = lambda x: F.pad(x[:, :, 64 : 64 + r], (0, 0, 0, 64 - r) if x.dim() == 4 else (0, 64 - r))  # noqa: E731
     o_open, _ = chunk_triton.chunk_fwd_triton(*(pad(x) for x in (q, k, v, gate, beta)), tf32[1][:, :, 1])
     assert torch.equal(o_open[:, :, :r], tf32[0][:, :, 64 : 64 + r])
+
+
+@pytest.mark.parametrize("kernel,vsplit", [("dot", 1), ("rep", 1), ("rep", 2)])
+def test_chunk_decode_kernels_equal_the_chunked_rows_interpreted(chunk_triton, monkeypatch, kernel, vsplit):
+    """The decode kernels' logic: sequences prefilled into cache slots (boundary state and open-chunk rows from
+    the chunked forward, as the generator stores them), then decoded together token by token across a chunk
+    close, give the chunked forward's rows and final state bit for bit (under the sequential-dot emulation; on
+    the GPU, tests/gpu checks the tensor cores' bits); other slots untouched."""
+    monkeypatch.setattr(chunk_triton, "DECODE_VSPLIT", vsplit)
+    g = torch.Generator().manual_seed(3)
+    b, h, dk, dv, total, prefill = 2, 2, 16, 32, 70, (5, 60)
+    q = F.normalize(torch.randn(b, h, 128, dk, generator=g), dim=-1) * dk**-0.5
+    k = F.normalize(torch.randn(b, h, 128, dk, generator=g), dim=-1)
+    v = torch.randn(b, h, 128, dv, generator=g)
+    gate, beta = -torch.rand(b, h, 128, generator=g) * 0.3, torch.rand(b, h, 128, generator=g)
+    for x in (q, k, v, gate, beta):
+        x[:, :, total:] = 0
+    o_ref, st_ref = chunk_triton.chunk_fwd_triton(q, k, v, gate, beta, torch.zeros(b, h, dk, dv))
+    shapes = {"ssm": (dk, dv), "ck": (CHUNK, dk), "cv": (CHUNK, dv), "cg": (CHUNK,), "cb": (CHUNK,),
+              "ct": (CHUNK, CHUNK), "cu": (CHUNK, dv)}
+    cache = {n: torch.randn(4, h, *s, generator=g) for n, s in shapes.items()}
+    slots, untouched = torch.tensor([3, 1]), {n: c[[0, 2]].clone() for n, c in cache.items()}
+    for i, p in enumerate(prefill):  # one chunk boundary at most before p here: the open chunk is rows 0..63
+        xs = [x[i : i + 1, :, :CHUNK].clone() for x in (q, k, v, gate, beta)]
+        for x in xs:
+            x[:, :, p:] = 0
+        _, st, tm, u = chunk_triton.chunk_fwd_triton(*xs, torch.zeros(1, h, dk, dv), return_rows=True)
+        s = slots[i]
+        cache["ssm"][s], cache["ct"][s], cache["cu"][s] = st[0, :, 0], tm[0, :, 0], u[0]
+        cache["ck"][s], cache["cv"][s], cache["cg"][s], cache["cb"][s] = xs[1][0], xs[2][0], xs[3][0], xs[4][0]
+    for t in range(prefill[0], total):
+        live = [i for i, p in enumerate(prefill) if p <= t]
+        rows = [x[live, :, t] for x in (q, k, v, gate, beta)]
+        o = chunk_triton.chunk_decode_triton(*rows, slots[live], torch.full((len(live),), t % CHUNK), cache,
+                                             kernel=kernel)
+        assert torch.equal(o, o_ref[live, :, t]), (kernel, t)
+    assert torch.equal(cache["ssm"][slots], st_ref[:, :, 1])  # the state after the chunk that closed at 63
+    for n, c in untouched.items():
+        assert torch.equal(cache[n][[0, 2]], c), n
