@@ -134,3 +134,18 @@ def rand(*shape, dtype=torch.bfloat16, seed: int = 0, scale: float = 1.0) -> tor
 
 def cu_seqlens(lens) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV, dtype=torch.int32)
+
+
+def kernel_profile(fn, title: str, reps: int = 1) -> str:
+    """The top kernels of `reps` calls of fn (torch.profiler; kernels replayed from a CUDA graph included), how
+    many ran and their GPU time, as a text table; the caller has warmed fn up."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / reps
+    head = f"== {title}: {len(kernels) / reps:.0f} kernels, {gpu_ms:.3f} ms of GPU kernel time per call\n"
+    return head + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70)

@@ -26,7 +26,7 @@ import os
 import time
 
 import torch
-from common import DEV, bench, log, parse_args, write_json
+from common import DEV, bench, kernel_profile, log, parse_args, write_json
 
 CONCURRENCY = (1, 16, 64, 256)
 MODES = ("stock", "bi", "bi_chunk")
@@ -44,6 +44,8 @@ def extra_args(ap):
     ap.add_argument("--variants", default="after,before,eager_device")
     ap.add_argument("--eager_device_concurrency", default="1,64", help="eager forward + GPU sampling: at these c")
     ap.add_argument("--deadline_s", type=float, default=420.0, help="stop starting new measurements after this")
+    ap.add_argument("--profile", action="store_true",
+                    help="the top kernels of a decode graph replay per (model, mode, c) -> h200_generator_profile.txt")
 
 
 def build(name: str, layers_9b: int, seed: int = 0):
@@ -95,7 +97,9 @@ def floor_bytes(model, c: int, ctx: float) -> dict[str, float]:
     return {"weights": weights, "kv": kv, "state": state, "lm_head_bf16": head.numel() * head.element_size()}
 
 
-def measure(eng, model, c: int, prompt: int, warmup: int, steps: int, seed: int) -> dict:
+def measure(eng, model, c: int, prompt: int, warmup: int, steps: int, seed: int,
+            profile: tuple[str, str] | None = None) -> dict:
+    """One concurrency's decode timings; profile = (file, title): append the top kernels of a graph replay."""
     from zeromismatch.generator import SamplingParams
 
     g = torch.Generator().manual_seed(seed)
@@ -127,6 +131,9 @@ def measure(eng, model, c: int, prompt: int, warmup: int, steps: int, seed: int)
         if graphs:
             out["graph_replay_ms"] = bench(graphs[-1].replay, warmup=3, rep=20)
             out["bucket"] = bb
+            if profile:
+                with open(profile[0], "a") as f:
+                    f.write(kernel_profile(graphs[-1].replay, profile[1], reps=5) + "\n")
     return out
 
 
@@ -202,7 +209,9 @@ def main():
                         log("deadline: skipping", name, mode, variant, c)
                         continue
                     try:
-                        r = measure(eng, model, c, args.prompt, warmup, steps, seed=c)
+                        prof = ((os.path.join(args.out, "h200_generator_profile.txt"), f"{name} {mode} {variant} c={c}")
+                                if args.profile and variant == "after" else None)
+                        r = measure(eng, model, c, args.prompt, warmup, steps, seed=c, profile=prof)
                     except Exception as e:  # recorded; the other measurements go on
                         log("FAILED", name, mode, variant, c, repr(e))
                         per[variant + "_errors"] = per.get(variant + "_errors", []) + [f"c={c}: {e!r}"]

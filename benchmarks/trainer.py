@@ -15,7 +15,7 @@ import time
 from unittest import mock
 
 import torch
-from common import DEV, log, parse_args, write_json
+from common import DEV, kernel_profile, log, parse_args, write_json
 from generator import build
 
 MODES = ("stock", "bi", "bi_chunk")
@@ -98,20 +98,6 @@ def measure(model, seqs, reps: int, flops: float, peak: float) -> dict:
             "reps_ms": [t[0] + t[1] for t in times], "warmup_s": warmup_s}
 
 
-def profile(model, mb, mode: str) -> str:
-    """The top kernels of one microbatch's forward + backward (torch.profiler), and how many kernels ran; the
-    caller has warmed the mode up (measure)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step(model, [mb])
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    gpu_ms = sum(e.self_device_time_total for e in kernels) / 1e3
-    head = f"== {mode}: {len(kernels)} kernels, {gpu_ms:.1f} ms of GPU kernel time\n"
-    return head + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70)
-
-
 def plot(res: dict, path: str) -> None:
     import matplotlib
 
@@ -160,7 +146,7 @@ def main():
                 res[name][mode] = measure(model, seqs, args.reps, 6 * n * tokens, args.peak_tflops)
                 if args.profile and name == args.models.split(",")[0] and not mode.endswith("_torch_scan"):
                     with open(f"{args.out}/h200_trainer_profile.txt", "a") as f:
-                        f.write(profile(model, seqs[0], mode) + "\n")
+                        f.write(kernel_profile(lambda: step(model, [seqs[0]]), mode) + "\n")
             if "stock" in res[name]:
                 res[name][mode]["vs_stock"] = res[name][mode]["step_ms"] / res[name]["stock"]["step_ms"]
             log(name, mode, {k: round(v, 3) for k, v in res[name][mode].items() if isinstance(v, float)})
