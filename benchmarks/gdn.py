@@ -164,8 +164,9 @@ def chunk_grad():
 
 def settings():
     """tf32 launch settings (any gives the same bits: tests/gpu): the decode step (mean over a chunk's 64
-    positions, 64 sequences; and one sequence) by warps x value block x value split, and the chunked forward by
-    the prep kernel's substitution (row / whole tile) and warps and the scan kernel's warps."""
+    positions, 64 sequences; and one sequence without and with the value split) by kernel (dot / rep) x warps x
+    value block, and the chunked forward by the prep kernel's substitution (row / whole tile) and warps and the
+    scan kernel's warps and value block."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn import chunk_triton as ct
 
@@ -176,8 +177,10 @@ def settings():
     steps = [torch.full((N_SEQ,), t, device=DEV) for t in range(CHUNK)]
     floor = state_floor(caches)
 
+    pristine = {name: t.clone() for name, t in caches[0].items()}  # the timed steps below update caches[0]
+
     def one_chunk(kernel):  # a chunk of decode steps from the same cache: (outputs, final cache) to compare bits
-        c = {name: t.clone() for name, t in caches[0].items()}
+        c = {name: t.clone() for name, t in pristine.items()}
         return [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c, kernel=kernel) for p in steps], c
 
     ref_o, ref_c = one_chunk("dot")
@@ -185,29 +188,32 @@ def settings():
     caches1 = [{name: t[:1].clone() for name, t in c.items()} for c in caches]
     floor1 = state_floor(caches1)
     try:
-        for kernel, warps, bv in [("dot", w, b) for w, b in ((2, 16), (4, 16), (8, 16), (4, 32), (8, 32))] \
-                + [("rep", w, b) for w, b in ((4, 16), (8, 16), (4, 32), (8, 32))]:
-            for vs in (1, 2, 4):
-                name = "decode" if kernel == "dot" else kernel
-                ct.NUM_WARPS[name], ct.BV_MAX[name] = warps, bv
+        # 64 sequences: the split that fills the GPU (None: 1 here); one sequence: no split, and the filling one (4)
+        for kernel, warps, bv in [(kn, w, b) for kn in ("dot", "rep") for w, b in ((4, 16), (4, 32), (8, 32), (4, 64))]:
+            name = "decode" if kernel == "dot" else kernel
+            ct.NUM_WARPS[name], ct.BV_MAX[name] = warps, bv
+            tag = f"{kernel}_w{warps}_bv{bv}"
+            ct.DECODE_VSPLIT = None
+            o, c = one_chunk(kernel)
+            r[f"{tag}_same_bits"] = all(torch.equal(a, b) for a, b in zip(o, ref_o)) and \
+                all(torch.equal(c[n], ref_c[n]) for n in c)
+            ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c, kernel=kernel)
+                                           for p in steps] for c in caches], reps=2) / CHUNK
+            r[f"{tag}_chunk_mean_ms"], r[f"{tag}_chunk_mean_over_floor"] = ms, ms / floor
+            for vs in (1, None):
                 ct.DECODE_VSPLIT = vs
-                o, c = one_chunk(kernel)
-                same = all(torch.equal(a, b) for a, b in zip(o, ref_o)) and all(torch.equal(c[n], ref_c[n]) for n in c)
-                ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c, kernel=kernel)
-                                               for p in steps] for c in caches], reps=2) / CHUNK
-                tag = f"{kernel}_w{warps}_bv{bv}_vs{vs}"
-                r[f"{tag}_chunk_mean_over_floor"] = ms / floor
-                r[f"{tag}_same_bits"] = same
-                if bv == 16:  # one sequence (32 heads: 32 programs without the split)
-                    ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q1, k1, v1, g1, b1, slots[:1], p[:1], c,
-                                                                          kernel=kernel)
-                                                   for p in steps] for c in caches1], reps=2) / CHUNK
-                    r[f"{tag}_1seq_chunk_mean_ms"], r[f"{tag}_1seq_chunk_mean_over_floor"] = ms, ms / floor1
+                ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q1, k1, v1, g1, b1, slots[:1], p[:1], c,
+                                                                      kernel=kernel)
+                                               for p in steps] for c in caches1], reps=2) / CHUNK
+                split = "fill" if vs is None else vs
+                r[f"{tag}_1seq_vs{split}_chunk_mean_ms"], r[f"{tag}_1seq_vs{split}_chunk_mean_over_floor"] = \
+                    ms, ms / floor1
+            log("gdn settings", tag, {k_: v_ for k_, v_ in r.items() if k_.startswith(tag)})
         pq, pk, pv, pg, pb = prepared_inputs(2, HEADS, T_TRAIN, seed=7)
         s0 = torch.zeros(2, HEADS, 128, 128, device=DEV)
         ref = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
-        combos = [(whole, prep_w, 8, 16) for whole in (False, True) for prep_w in (4, 8, 16)]
-        combos += [(False, 16, scan_w, scan_bv) for scan_w, scan_bv in ((4, 32), (8, 64), (4, 128))]
+        combos = [(whole, prep_w, 8, 16) for whole in (False, True) for prep_w in (8, 16)]
+        combos += [(True, 16, scan_w, scan_bv) for scan_w, scan_bv in ((4, 32), (8, 64), (4, 128))]
         for whole, prep_w, scan_w, scan_bv in combos:
             ct.WHOLE_TILE_SUBSTITUTION = whole
             ct.NUM_WARPS["prep"], ct.NUM_WARPS["scan"], ct.BV_MAX["scan"] = prep_w, scan_w, scan_bv

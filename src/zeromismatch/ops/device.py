@@ -46,4 +46,17 @@ def enable_cublaslt_invariant() -> None:
     torch.backends.cuda.preferred_blas_library("cublaslt")
 
 
-__all__ = ["INTERPRET", "configure_cuda", "enable_cublaslt_invariant", "on_gpu"]
+_NUM_SMS: dict[int, int] = {}
+
+
+def num_sms(dev: torch.device) -> int:
+    """The device's multiprocessor count (launch sizing: persistent grids, how many programs fill the GPU)."""
+    if dev.type != "cuda":  # TRITON_INTERPRET debugging
+        return 4
+    i = dev.index if dev.index is not None else torch.cuda.current_device()
+    if i not in _NUM_SMS:
+        _NUM_SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _NUM_SMS[i]
+
+
+__all__ = ["INTERPRET", "configure_cuda", "enable_cublaslt_invariant", "num_sms", "on_gpu"]

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from ..device import configure_cuda
+from ..device import configure_cuda, num_sms
 from .constants import CHUNK, CHUNK_DOTS, DEFAULT_CHUNK_DOTS
 
 # no compiler-chosen multiply-add contraction: elementwise ops round as written, in every kernel alike
@@ -192,18 +192,21 @@ def _scan_kernel(w_ptr, u0_ptr, qk_ptr, qd_ptr, kd_ptr, gl_ptr, s0_ptr, o_ptr, s
 
 
 # launch settings; no setting changes a value (each output row's products are tile-independent, module docstring;
-# tests/gpu runs other settings against these; picked by the H200 sweeps in results/gpu/README.md)
-NUM_WARPS = {"prep": 16, "scan": 8, "decode": 8, "rep": 8, "chain": 2}
-BV_MAX = {"prep": 64, "scan": 16, "decode": 16, "rep": 16, "chain": 32}
+# tests/gpu runs other settings against these; picked by the sweeps in results/gpu/README.md: the tf32 decode
+# at 4 warps x 32 value columns is 2x faster than 8 x 16 at 64 sequences, results/gpu/decode_settings_8284320)
+NUM_WARPS = {"prep": 16, "scan": 8, "decode": 4, "rep": 4, "chain": 2}
+BV_MAX = {"prep": 64, "scan": 16, "decode": 32, "rep": 32, "chain": 32}
 NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "rep": 1, "chain": 1}
 # the prep kernel's forward substitution in the tensor-core arithmetic: row i from the whole-tile product A @ T
 # (64-row dots, no row extraction) instead of the padded-row dot; the same bits (tests/gpu), the speed measured
-# by benchmarks/gdn.py (settings). ieee keeps the padded row: a 64-row FMA chain costs 4x a 16-row one.
-WHOLE_TILE_SUBSTITUTION = False
+# by benchmarks/gdn.py (settings) and benchmarks/trainer.py. ieee keeps the padded row: a 64-row FMA chain costs
+# 4x a 16-row one.
+WHOLE_TILE_SUBSTITUTION = True
 # the dot decode step's value blocks split over this many programs per (sequence, head), each recomputing the
-# shared part (the rows of A, T, w): more programs for few sequences, the same bits (each value column's
-# products are the same whatever program computes them); benchmarks/gdn.py (settings) times it
-DECODE_VSPLIT = 1
+# shared part (the rows of A, T, w): the same bits (each value column's products are the same whatever program
+# computes them). None: as many as fill the GPU's multiprocessors once (one sequence x 32 heads: 4; 64
+# sequences: 1; benchmarks/gdn.py settings: a split of 4 halves one sequence's step and slows 64 sequences')
+DECODE_VSPLIT: int | None = None
 _BV: dict[tuple, int] = {}  # (kernel, K, V, widest allowed) -> value block that fits the shared memory
 
 
@@ -555,8 +558,9 @@ def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, dots: str = D
                 cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, KP=kp, **_OPTS)
     elif n:
         name, fn = ("rep", _decode_rep_kernel) if kernel == "rep" else ("decode", _decode_kernel)
-        _launch(name, fn, lambda bv: (n, hv, min(DECODE_VSPLIT, triton.cdiv(dv, bv))), q, k, v, g,
+        split = DECODE_VSPLIT or min(max(1, num_sms(q.device) // (n * hv)), triton.cdiv(dv, BV_MAX[name]))
+        _launch(name, fn, lambda bv: (n, hv, min(split, triton.cdiv(dv, bv))), q, k, v, g,
                 beta, o, slots.contiguous(), pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"],
                 cache["cg"], cache["cb"], cache["ct"], cache["cu"], hv, K=dk, V=dv, C=CHUNK, KP=kp, DOTS=dots,
-                VSPLIT=DECODE_VSPLIT, **_OPTS)
+                VSPLIT=split, **_OPTS)
     return o

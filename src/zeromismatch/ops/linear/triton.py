@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..device import configure_cuda
+from ..device import configure_cuda, num_sms
 from .autograd import linear_with
 from .policy import DEFAULT_GEMM_POLICY
 
@@ -82,8 +82,8 @@ CONFIGS = {
     # stage less shared memory, so more programs stream the weight per SM
     "d16": Cfg(16, 64, 2 * BLOCK_K_BF16, 4, 6, tma=True),
     "d16w": Cfg(16, 128, 2 * BLOCK_K_BF16, 4, 5, tma=True),
-    # decode candidates, persistent: one program per SM walks narrow N tiles with its pipeline running on from one
-    # tile into the next, so N / BN tiles need not fill whole waves (M = 1: 4096 / 64 = 64 programs on 132 SMs)
+    # decode, persistent: one program per SM walks narrow N tiles with its pipeline running on from one tile into
+    # the next, so N / BN tiles need not fill whole waves (M = 1: 4096 / 64 = 64 programs on 132 SMs)
     "pd32": Cfg(64, 32, 2 * BLOCK_K_BF16, 4, 8, tma=True, persistent=True),
     "pd16": Cfg(16, 32, 2 * BLOCK_K_BF16, 4, 8, tma=True, persistent=True),
     "f32": Cfg(64, 64, BLOCK_K_FP32, 4, 3),
@@ -122,8 +122,11 @@ def pick(m: int, n: int, k: int, dtype: torch.dtype, tma_ok: bool, policy: str =
     # adaptive: decode shapes take narrow tiles (more CTAs streaming W), training shapes wide persistent ones
     if not tma_ok:
         return ("s32" if n >= 2048 else "s16") if m <= 64 else ("s64" if m <= 512 else "m128")
-    # picks from the CUDA-graph-timed decode sweep (results/gpu/README.md, ratios to cuBLAS): M <= 16: d64 (1.26-1.68);
-    # M = 64: d32 for narrow N (0.92-1.0), s64_tma for N >= 12288 (0.95-0.99); M = 256: s64_tma (1.20-1.55)
+    # picks from the CUDA-graph-timed decode sweeps (results/gpu/README.md, ratios to cuBLAS): M <= 16: pd16 (0.98-1.03;
+    # d64 1.21-1.39, results/gpu/decode_settings_8284320); M = 32: d64; M = 64: d32 for narrow N (0.92-1.0), s64_tma
+    # for N >= 12288 (0.95-0.99); M = 256: s64_tma (1.20-1.55)
+    if m <= 16:
+        return "pd16"
     if m <= 32:
         return "d64"
     if m <= 64:
@@ -231,18 +234,6 @@ def _linear_tma_kernel(x_desc, w_desc, y_desc, M, N, K,
     y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
 
 
-_NUM_SMS: dict[int, int] = {}
-
-
-def _num_sms(dev: torch.device) -> int:
-    if dev.type != "cuda":  # TRITON_INTERPRET debugging
-        return 4
-    i = dev.index if dev.index is not None else torch.cuda.current_device()
-    if i not in _NUM_SMS:
-        _NUM_SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return _NUM_SMS[i]
-
-
 def cublaslt_invariant_ready() -> bool:
     """cuBLASLt preferred with a starved workspace (see ops.device.enable_cublaslt_invariant)."""
     return (
@@ -304,7 +295,7 @@ def linear_raw(x2: torch.Tensor, w: torch.Tensor, cfg_name: str | Cfg | None = N
         _linear_tma_swap_kernel[(triton.cdiv(n, c.bn), triton.cdiv(m, c.bm))](
             xd, wd, yd, m, n, k, BM=c.bm, BN=c.bn, BK=c.bk, num_warps=c.warps, num_stages=c.stages)
     elif c.tma and c.persistent:
-        sms = _num_sms(x2.device)
+        sms = num_sms(x2.device)
         xd = TensorDescriptor.from_tensor(x2, [c.bm, c.bk])
         wd = TensorDescriptor.from_tensor(w, [c.bn, c.bk])
         yd = TensorDescriptor.from_tensor(y, [c.bm, c.bn // 2 if c.epi_split else c.bn])
