@@ -82,8 +82,8 @@ def chunk_decode():
     from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton, chunk_fwd_triton
 
     r = {}
-    kernels = (("tf32", "dot"), ("tf32", "rep"), ("ieee", "chain"), ("ieee", "dot"))
-    for dk, dv, variants, positions in ((128, 128, kernels, (0, 31, 63)), (96, 96, kernels[:3], (31,))):
+    kernels = (("tf32", "dot"), ("ieee", "chain"), ("ieee", "dot"))
+    for dk, dv, variants, positions in ((128, 128, kernels, (0, 31, 63)), (96, 96, kernels[:2], (31,))):
         q, k, v, gg, beta = (x[:, :, 0].contiguous() for x in prepared_inputs(N_SEQ, HEADS, 1, dk, dv, seed=5))
         caches = [open_chunk_cache(N_SEQ, HEADS, dk, dv, seed=i) for i in range(4)]
         slots, tag = torch.arange(N_SEQ, device=DEV), f"K{dk}_V{dv}"
@@ -164,8 +164,7 @@ def chunk_grad():
 
 def settings():
     """tf32 launch settings (any gives the same bits: tests/gpu): the decode step (mean over a chunk's 64
-    positions, 64 sequences; and one sequence without and with the value split) by kernel (dot / rep) x warps x
-    value block, and the chunked forward by the prep kernel's substitution (row / whole tile) and warps and the
+    positions, 64 sequences; and one sequence without and with the value split) by warps x value block, and the chunked forward by the prep kernel's substitution (row / whole tile) and warps and the
     scan kernel's warps and value block."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn import chunk_triton as ct
@@ -179,48 +178,48 @@ def settings():
 
     pristine = {name: t.clone() for name, t in caches[0].items()}  # the timed steps below update caches[0]
 
-    def one_chunk(kernel):  # a chunk of decode steps from the same cache: (outputs, final cache) to compare bits
+    def one_chunk():  # a chunk of decode steps from the same cache: (outputs, final cache) to compare bits
         c = {name: t.clone() for name, t in pristine.items()}
-        return [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c, kernel=kernel) for p in steps], c
+        return [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps], c
 
-    ref_o, ref_c = one_chunk("dot")
+    ref_o, ref_c = one_chunk()
     q1, k1, v1, g1, b1 = (x[:1] for x in (q, k, v, gg, beta))
     caches1 = [{name: t[:1].clone() for name, t in c.items()} for c in caches]
     floor1 = state_floor(caches1)
     try:
         # 64 sequences: the split that fills the GPU (None: 1 here); one sequence: no split, and the filling one (4)
-        for kernel, warps, bv in [(kn, w, b) for kn in ("dot", "rep") for w, b in ((4, 16), (4, 32), (8, 32), (4, 64))]:
-            name = "decode" if kernel == "dot" else kernel
-            ct.NUM_WARPS[name], ct.BV_MAX[name] = warps, bv
-            tag = f"{kernel}_w{warps}_bv{bv}"
+        for warps, bv in ((4, 16), (4, 32), (8, 32), (4, 64)):
+            ct.NUM_WARPS["decode"], ct.BV_MAX["decode"] = warps, bv
+            tag = f"decode_w{warps}_bv{bv}"
             ct.DECODE_VSPLIT = None
-            o, c = one_chunk(kernel)
+            o, c = one_chunk()
             r[f"{tag}_same_bits"] = all(torch.equal(a, b) for a, b in zip(o, ref_o)) and \
                 all(torch.equal(c[n], ref_c[n]) for n in c)
-            ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c, kernel=kernel)
-                                           for p in steps] for c in caches], reps=2) / CHUNK
+            ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps]
+                              for c in caches], reps=2) / CHUNK
             r[f"{tag}_chunk_mean_ms"], r[f"{tag}_chunk_mean_over_floor"] = ms, ms / floor
             for vs in (1, None):
                 ct.DECODE_VSPLIT = vs
-                ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q1, k1, v1, g1, b1, slots[:1], p[:1], c,
-                                                                      kernel=kernel)
+                ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q1, k1, v1, g1, b1, slots[:1], p[:1], c)
                                                for p in steps] for c in caches1], reps=2) / CHUNK
                 split = "fill" if vs is None else vs
                 r[f"{tag}_1seq_vs{split}_chunk_mean_ms"], r[f"{tag}_1seq_vs{split}_chunk_mean_over_floor"] = \
                     ms, ms / floor1
             log("gdn settings", tag, {k_: v_ for k_, v_ in r.items() if k_.startswith(tag)})
-        pq, pk, pv, pg, pb = prepared_inputs(2, HEADS, T_TRAIN, seed=7)
-        s0 = torch.zeros(2, HEADS, 128, 128, device=DEV)
-        ref = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
+        # one sequence (the trainer's microbatch; the scan has (V / value block) x 32 programs) and two
         combos = [(whole, prep_w, 8, 16) for whole in (False, True) for prep_w in (8, 16)]
-        combos += [(True, 16, scan_w, scan_bv) for scan_w, scan_bv in ((4, 32), (8, 64), (4, 128))]
-        for whole, prep_w, scan_w, scan_bv in combos:
-            ct.WHOLE_TILE_SUBSTITUTION = whole
-            ct.NUM_WARPS["prep"], ct.NUM_WARPS["scan"], ct.BV_MAX["scan"] = prep_w, scan_w, scan_bv
-            tag = f"fwd_2x4096_{'tile' if whole else 'row'}_prep_w{prep_w}_scan_w{scan_w}_bv{scan_bv}"
-            got = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
-            r[tag + "_same_bits"] = all(torch.equal(a, b) for a, b in zip(got, ref))
-            r[tag + "_ms"] = bench(lambda: ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0), warmup=2, rep=10)
+        combos += [(True, 8, scan_w, scan_bv) for scan_w, scan_bv in ((4, 32), (8, 64), (4, 128))]
+        for b in (1, 2):
+            pq, pk, pv, pg, pb = prepared_inputs(b, HEADS, T_TRAIN, seed=7)
+            s0 = torch.zeros(b, HEADS, 128, 128, device=DEV)
+            ref = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
+            for whole, prep_w, scan_w, scan_bv in combos:
+                ct.WHOLE_TILE_SUBSTITUTION = whole
+                ct.NUM_WARPS["prep"], ct.NUM_WARPS["scan"], ct.BV_MAX["scan"] = prep_w, scan_w, scan_bv
+                tag = f"fwd_{b}x4096_{'tile' if whole else 'row'}_prep_w{prep_w}_scan_w{scan_w}_bv{scan_bv}"
+                got = ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0)
+                r[tag + "_same_bits"] = all(torch.equal(x, y) for x, y in zip(got, ref))
+                r[tag + "_ms"] = bench(lambda: ct.chunk_fwd_triton(pq, pk, pv, pg, pb, s0), warmup=2, rep=10)
     except KeyboardInterrupt:  # the time limit (SIGINT): keep what was measured
         r["interrupted"] = True
     finally:

@@ -193,10 +193,11 @@ def _scan_kernel(w_ptr, u0_ptr, qk_ptr, qd_ptr, kd_ptr, gl_ptr, s0_ptr, o_ptr, s
 
 # launch settings; no setting changes a value (each output row's products are tile-independent, module docstring;
 # tests/gpu runs other settings against these; picked by the sweeps in results/gpu/README.md: the tf32 decode
-# at 4 warps x 32 value columns is 2x faster than 8 x 16 at 64 sequences, results/gpu/decode_settings_8284320)
-NUM_WARPS = {"prep": 16, "scan": 8, "decode": 4, "rep": 4, "chain": 2}
-BV_MAX = {"prep": 64, "scan": 16, "decode": 32, "rep": 32, "chain": 32}
-NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "rep": 1, "chain": 1}
+# at 4 warps x 32 value columns is 2x faster than 8 x 16 at 64 sequences, the forward's prep kernel at 8 warps
+# faster than at 16: results/gpu/decode_picks_377a3cc)
+NUM_WARPS = {"prep": 8, "scan": 8, "decode": 4, "chain": 2}
+BV_MAX = {"prep": 64, "scan": 16, "decode": 32, "chain": 32}
+NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "chain": 1}
 # the prep kernel's forward substitution in the tensor-core arithmetic: row i from the whole-tile product A @ T
 # (64-row dots, no row extraction) instead of the padded-row dot; the same bits (tests/gpu), the speed measured
 # by benchmarks/gdn.py (settings) and benchmarks/trainer.py. ieee keeps the padded row: a 64-row FMA chain costs
@@ -359,83 +360,6 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
 
 
 @triton.jit
-def _decode_rep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
-                       s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, HV,
-                       K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr,
-                       DOTS: tl.constexpr, VSPLIT: tl.constexpr):
-    """`_decode_kernel`'s products with the token's operand row in every row of a C-row tile instead of row 0 of
-    a zero-padded 16-row one: each result row is the token's row (a row's products do not depend on the tile's
-    other rows), so a product feeds the next one, and row t of the open chunk's u, with no row extracted.
-    4x the tensor-core work of the padded tiles, none of their row extractions (cross-warp sums)."""
-    i = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    part = tl.program_id(2)
-    slot = tl.load(slot_ptr + i).to(tl.int64)
-    t = tl.load(pos_ptr + i)
-    sh = slot * HV + h
-    ih = i * HV + h
-    rows = tl.arange(0, C)
-    kk = tl.arange(0, KP)
-    km = kk < K
-    prev = rows < t
-    cur = rows == t
-
-    q_t = tl.load(q_ptr + ih * K + kk, mask=km, other=0.0)
-    k_t = tl.load(k_ptr + ih * K + kk, mask=km, other=0.0)
-    g_t = tl.load(g_ptr + ih)
-    b_t = tl.load(b_ptr + ih)
-    g = tl.where(cur, g_t, tl.load(cg_ptr + sh * C + rows, mask=prev, other=0.0))
-    beta = tl.where(cur, b_t, tl.load(cb_ptr + sh * C + rows, mask=prev, other=0.0))
-    k = tl.load(ck_ptr + (sh * C + rows)[:, None] * K + kk[None, :], mask=prev[:, None] & km[None, :], other=0.0)
-    k = tl.where(cur[:, None], k_t[None, :], k)
-
-    G = _cum_log_decay(g, C)
-    eG = tl.exp(G)
-    G_t = _at(G, t, C)
-    drow = tl.where(rows <= t, tl.exp(tl.where(rows <= t, G_t - G, 0.0)), 0.0)
-
-    # every row of each [C, .] tile below is the token's row: A's and q k^T's rows, T's row, w's row
-    a = tl.dot(tl.broadcast_to((k_t * b_t)[None, :], (C, KP)), tl.trans(k), input_precision=DOTS) * drow[None, :]
-    a = tl.where(rows[None, :] < t, a, 0.0)
-    qk = tl.dot(tl.broadcast_to(q_t[None, :], (C, KP)), tl.trans(k), input_precision=DOTS) * drow[None, :]
-    tm = tl.load(ct_ptr + (sh * C + rows)[:, None] * C + rows[None, :], mask=prev[:, None], other=0.0)
-    t_rep = tl.where(rows[None, :] == t, 1.0, -(tl.dot(a, tm, input_precision=DOTS) + 0.0))
-    kbg = (k * beta[:, None]) * eG[:, None]
-    w = tl.dot(t_rep, kbg, input_precision=DOTS)
-    # one product for both state reads: row t w_t S (row t of u), the other rows (q_t exp(G_t)) S (o's accumulator)
-    wq = tl.where(cur[:, None], w, tl.broadcast_to((q_t * _at(eG, t, C))[None, :], (C, KP)))
-    closes = t == C - 1
-    first = (t + 1) % C  # a row other than t: where o's row is read
-
-    per_part: tl.constexpr = ((V + BV - 1) // BV + VSPLIT - 1) // VSPLIT
-    for j in tl.static_range(per_part):
-        vv = (part * per_part + j) * BV + tl.arange(0, BV)
-        vm = vv < V
-        sm = km[:, None] & vm[None, :]
-        v_t = tl.load(v_ptr + ih * V + vv, mask=vm, other=0.0)
-        v = tl.load(cv_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
-        v = tl.where(cur[:, None], v_t[None, :], v)
-        s = tl.load(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], mask=sm, other=0.0)
-        ws = tl.dot(wq, s, input_precision=DOTS)
-        u_new = tl.dot(t_rep, v * beta[:, None], input_precision=DOTS) - ws  # row t: u_t
-        u = tl.load(cu_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
-        u = tl.where(cur[:, None], u_new, u)
-        o = tl.dot(qk, u, ws, input_precision=DOTS)  # rows != t: o_t
-        tl.store(o_ptr + ih * V + vv[None, :] + 0 * rows[:, None], o, mask=(rows == first)[:, None] & vm[None, :])
-        tl.store(cv_ptr + (sh * C + t) * V + vv, v_t, mask=vm)
-        tl.store(cu_ptr + (sh * C + rows)[:, None] * V + vv[None, :], u, mask=cur[:, None] & vm[None, :])
-        if closes:
-            kd = k * tl.exp(G_t - G)[:, None]
-            s = tl.dot(tl.trans(kd), u, s * tl.exp(G_t), input_precision=DOTS)
-            tl.store(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], s, mask=sm)
-    if part == 0:
-        tl.store(ck_ptr + (sh * C + t) * K + kk, k_t, mask=km)
-        tl.store(cg_ptr + sh * C + t, g_t)
-        tl.store(cb_ptr + sh * C + t, b_t)
-        tl.store(ct_ptr + (sh * C + t) * C + rows[None, :] + 0 * rows[:, None], t_rep, mask=cur[:, None])
-
-
-@triton.jit
 def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
                          s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, scr_ptr, HV,
                          K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr):
@@ -539,12 +463,11 @@ def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, dots: str = D
     [N] cache slots; pos [N] the token's position in its open chunk (start_pos % 64). cache: the layer's tensors
     ssm [S, HV, K, V], ck [S, HV, C, K], cv [S, HV, C, V], cg, cb [S, HV, C], ct [S, HV, C, C], cu [S, HV, C, V]
     (all fp32), updated in place (the state only when the chunk closes). kernel: "dot" (the trainer's construct,
-    any `dots`), "rep" (the same products on replicated rows, any `dots`) or "chain" ("ieee" only; its default
-    there); by default the fastest for `dots`. Returns
+    any `dots`) or "chain" ("ieee" only; its default there); by default the fastest for `dots`. Returns
     o [N, HV, V] fp32."""
     assert dots in CHUNK_DOTS, dots
     kernel = kernel or ("chain" if dots == "ieee" else "dot")
-    assert kernel in ("dot", "rep") or (kernel == "chain" and dots == "ieee"), (kernel, dots)
+    assert kernel == "dot" or (kernel == "chain" and dots == "ieee"), (kernel, dots)
     configure_cuda()
     n, hv, dk = q.shape
     dv = v.shape[-1]
@@ -557,9 +480,8 @@ def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, dots: str = D
                 pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"], cache["cg"], cache["cb"],
                 cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, KP=kp, **_OPTS)
     elif n:
-        name, fn = ("rep", _decode_rep_kernel) if kernel == "rep" else ("decode", _decode_kernel)
-        split = DECODE_VSPLIT or min(max(1, num_sms(q.device) // (n * hv)), triton.cdiv(dv, BV_MAX[name]))
-        _launch(name, fn, lambda bv: (n, hv, min(split, triton.cdiv(dv, bv))), q, k, v, g,
+        split = DECODE_VSPLIT or min(max(1, num_sms(q.device) // (n * hv)), triton.cdiv(dv, BV_MAX["decode"]))
+        _launch("decode", _decode_kernel, lambda bv: (n, hv, min(split, triton.cdiv(dv, bv))), q, k, v, g,
                 beta, o, slots.contiguous(), pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"],
                 cache["cg"], cache["cb"], cache["ct"], cache["cu"], hv, K=dk, V=dv, C=CHUNK, KP=kp, DOTS=dots,
                 VSPLIT=split, **_OPTS)
