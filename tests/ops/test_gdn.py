@@ -181,10 +181,11 @@ def test_chunk_kernels_substitutions_agree_and_rows_are_prefix_stable_interprete
 
 @pytest.mark.parametrize("vsplit", [1, 2])
 def test_chunk_decode_kernel_equals_the_chunked_rows_interpreted(chunk_triton, monkeypatch, vsplit):
-    """The tf32 decode kernel's logic, its value columns in one program or split over two: sequences prefilled into cache slots (boundary state and open-chunk rows from
-    the chunked forward, as the generator stores them), then decoded together token by token across a chunk
-    close, give the chunked forward's rows and final state bit for bit (under the sequential-dot emulation; on
-    the GPU, tests/gpu checks the tensor cores' bits); other slots untouched."""
+    """The tf32 decode kernel's logic, its value columns in one program or split over two: sequences prefilled
+    into cache slots (boundary state and open-chunk rows from the chunked forward, as the generator stores them),
+    then decoded together token by token across a chunk close, give the chunked forward's rows and final state
+    bit for bit (under the sequential-dot emulation; on the GPU, tests/gpu checks the tensor cores' bits); other
+    slots untouched."""
     monkeypatch.setattr(chunk_triton, "DECODE_VSPLIT", vsplit)
     g = torch.Generator().manual_seed(3)
     b, h, dk, dv, total, prefill = 2, 2, 16, 32, 70, (5, 60)
