@@ -12,8 +12,8 @@ trainer; K = V = 128 unless named).
 - chunk_grad: forward + backward of the chunked form the trainer differentiates (ops/gdn/autograd.py
   chunk_reference) with its scan over chunks as the torch loop vs the Triton kernel pair (scan_triton.py, tf32
   and ieee), one sequence of 4096 tokens and all 8 packed; the tf32 gradient's relative error against ieee
-- settings: the tf32 kernels' launch settings (decode: warps x value block x value split, at 64 sequences and
-  at one; forward: prep substitution and warps, scan warps)
+- settings: the tf32 kernels' launch settings (decode: warps x value block, at 64 sequences and at one with
+  and without the value split; forward: prep substitution and warps, scan warps and value block)
 """
 
 import torch
@@ -164,7 +164,8 @@ def chunk_grad():
 
 def settings():
     """tf32 launch settings (any gives the same bits: tests/gpu): the decode step (mean over a chunk's 64
-    positions, 64 sequences; and one sequence without and with the value split) by warps x value block, and the chunked forward by the prep kernel's substitution (row / whole tile) and warps and the
+    positions, 64 sequences; and one sequence without and with the value split) by warps x value block, and the
+    chunked forward (one sequence and two) by the prep kernel's substitution (row / whole tile) and warps and the
     scan kernel's warps and value block."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn import chunk_triton as ct
