@@ -120,10 +120,22 @@ class SeqLayout:
         ar = torch.arange(self.valid.shape[1], device=self.valid.device)
         return torch.where(self.valid, self.start_pos[:, None] + ar[None, :], -1)
 
+    @property
+    def unpadded(self) -> bool:
+        """Every sequence brings as many new tokens as the longest (host fact): a decode step, the trainer's
+        one-sequence microbatch. The padded view is then the packed rows reshaped: no padding, no gather."""
+        lens = self.lengths_host
+        return self.valid.shape[1] == lens[0] and all(n == lens[0] for n in lens)
+
     def to_padded(self, x: torch.Tensor) -> torch.Tensor:
-        """[N, ...] -> [B, L, ...] with zeros at padding (differentiable)."""
+        """[N, ...] -> [B, L, ...] with zeros at padding (differentiable; a view when `unpadded`)."""
+        if self.unpadded:
+            return x.reshape(self.num_seqs, -1, *x.shape[1:])
         return to_padded(x, self.pad_index)
 
     def to_packed(self, y: torch.Tensor) -> torch.Tensor:
-        """[B, L, ...] -> [N, ...] (a gather by packed_index: no device-to-host read, unlike a boolean mask)."""
+        """[B, L, ...] -> [N, ...] (a gather by packed_index: no device-to-host read, unlike a boolean mask; a
+        reshape when `unpadded`)."""
+        if self.unpadded:
+            return y.flatten(0, 1)
         return y.flatten(0, 1)[self.packed_index]
