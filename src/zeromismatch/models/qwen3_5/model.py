@@ -99,7 +99,8 @@ class GatedDeltaNet(nn.Module):
 
         conv_w = self.conv1d.weight.squeeze(1)
         conv_in = None if cache is None else cache.gdn_state(self.layer_idx)["conv"]
-        y, conv_state = causal_conv(lay.to_padded(qkv), conv_w, conv_in, nx.silu, lay.lengths)
+        lengths = None if lay.unpadded else lay.lengths  # every row full: its last W-1 inputs, no gather
+        y, conv_state = causal_conv(lay.to_padded(qkv), conv_w, conv_in, nx.silu, lengths)
         mixed = lay.to_packed(y)
         ctx.record(f"{name}.conv", mixed)
 
