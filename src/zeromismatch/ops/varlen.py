@@ -123,9 +123,9 @@ class SeqLayout:
     @property
     def unpadded(self) -> bool:
         """Every sequence brings as many new tokens as the longest (host fact): a decode step, the trainer's
-        one-sequence microbatch. The padded view is then the packed rows reshaped: no padding, no gather."""
-        lens = self.lengths_host
-        return self.valid.shape[1] == lens[0] and all(n == lens[0] for n in lens)
+        one-sequence microbatch. The padded view is then the packed rows reshaped: no padding, no gather. (B rows
+        of width L hold the N tokens without padding exactly when B * L == N: O(1) on every mixer's call.)"""
+        return self.num_seqs * self.valid.shape[1] == self.cu_seqlens[-1]
 
     def to_padded(self, x: torch.Tensor) -> torch.Tensor:
         """[N, ...] -> [B, L, ...] with zeros at padding (differentiable; a view when `unpadded`)."""
