@@ -39,28 +39,19 @@ def extra_args(ap):
     ap.add_argument("--activation_checkpointing", action="store_true",
                     help="also time every mode with each layer recomputed in backward "
                          "(trainer.activation_checkpointing): '<mode>_ac'")
-    ap.add_argument("--candidates", action="store_true",
-                    help="also time the changes under evaluation: 'bi_chunk_tile' (chunk_triton.WHOLE_TILE_SUBSTITUTION "
-                         "on)")
     ap.add_argument("--profile", action="store_true",
                     help="profile one microbatch per mode on the first model -> h200_trainer_profile.txt")
 
 
 @contextlib.contextmanager
 def switches(mode: str):
-    """The module switches a row's name turns on while it is built and timed (restored after): '_torch_scan' the
+    """The module switch a row's name turns on while it is built and timed (restored after): '_torch_scan' the
     trainer's GDN scan over chunks as the torch loop (naive.chunk_scan) instead of the Triton scan
-    (ops/gdn/autograd.py TRITON_SCAN), '_tile' the chunked forward's whole-tile substitution
-    (ops/gdn/chunk_triton.py WHOLE_TILE_SUBSTITUTION, a --candidates row); so either form is timed in one run."""
+    (ops/gdn/autograd.py TRITON_SCAN); so either form is timed in one run."""
     import zeromismatch.ops.gdn.autograd as ag
-    import zeromismatch.ops.gdn.chunk_triton as ct
 
-    with mock.patch.object(ag, "TRITON_SCAN", not mode.endswith("_torch_scan")), \
-            mock.patch.object(ct, "WHOLE_TILE_SUBSTITUTION", mode.endswith("_tile") or ct.WHOLE_TILE_SUBSTITUTION):
+    with mock.patch.object(ag, "TRITON_SCAN", not mode.endswith("_torch_scan")):
         yield
-
-
-CANDIDATES = ("bi_chunk_tile",)
 
 
 def step(model, microbatches: list[list[list[int]]]) -> tuple[float, float]:
@@ -135,10 +126,9 @@ def main():
         modes = args.modes.split(",") + (["stock_torch_scan"] if args.torch_scan else [])
         modes += [f"{m}_fp32_head" for m in args.modes.split(",")] if args.fp32_head else []
         modes += [f"{m}_ac" for m in args.modes.split(",")] if args.activation_checkpointing else []
-        modes += list(CANDIDATES) if args.candidates else []
         for mode in modes:
             base = mode
-            for suffix in ("_ac", "_torch_scan", "_fp32_head", "_tile"):
+            for suffix in ("_ac", "_torch_scan", "_fp32_head"):
                 base = base.removesuffix(suffix)
             with switches(mode):
                 model.set_numerics({"name": base, "lm_head": "fp32"} if mode.endswith("_fp32_head") else base)
