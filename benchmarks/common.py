@@ -149,3 +149,16 @@ def kernel_profile(fn, title: str, reps: int = 1) -> str:
     gpu_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / reps
     head = f"== {title}: {len(kernels) / reps:.0f} kernels, {gpu_ms:.3f} ms of GPU kernel time per call\n"
     return head + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70)
+
+
+def op_profile(fn, title: str, rows: int = 40) -> str:
+    """The torch ops of one eager call of fn by GPU time, grouped by op and input shapes (what a graph replay's
+    kernel list cannot say: which op of the model launched a kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    table = prof.key_averages(group_by_input_shape=True).table(
+        sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=40, max_shapes_column_width=90)
+    return f"== {title} (eager, one call, ops by GPU time)\n" + table

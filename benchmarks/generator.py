@@ -26,7 +26,7 @@ import os
 import time
 
 import torch
-from common import DEV, bench, kernel_profile, log, parse_args, write_json
+from common import DEV, bench, kernel_profile, log, op_profile, parse_args, write_json
 
 CONCURRENCY = (1, 16, 64, 256)
 MODES = ("stock", "bi", "bi_chunk")
@@ -45,7 +45,8 @@ def extra_args(ap):
     ap.add_argument("--eager_device_concurrency", default="1,64", help="eager forward + GPU sampling: at these c")
     ap.add_argument("--deadline_s", type=float, default=420.0, help="stop starting new measurements after this")
     ap.add_argument("--profile", action="store_true",
-                    help="the top kernels of a decode graph replay per (model, mode, c) -> h200_generator_profile.txt")
+                    help="the top kernels of a decode graph replay and the ops of an eager decode step per (model, mode, "
+                         "c) -> h200_generator_profile.txt")
 
 
 def build(name: str, layers_9b: int, seed: int = 0):
@@ -105,7 +106,8 @@ def measure(eng, model, c: int, prompt: int, warmup: int, steps: int, seed: int,
     g = torch.Generator().manual_seed(seed)
     for i in range(c):
         ids = torch.randint(0, model.config.vocab_size, (prompt,), generator=g).tolist()
-        eng.add_request(ids, SamplingParams(max_new_tokens=1 + warmup + steps, seed=i))
+        # with a profile, one more token: an eager step profiled after the timed ones
+        eng.add_request(ids, SamplingParams(max_new_tokens=1 + warmup + steps + bool(profile), seed=i))
     t0 = time.perf_counter()
     while eng.waiting or any(s.num_uncomputed > 1 for s in eng.running):
         eng.step()
@@ -118,6 +120,11 @@ def measure(eng, model, c: int, prompt: int, warmup: int, steps: int, seed: int,
     for _ in range(steps):
         done += eng.step()  # each step ends with its device-to-host transfer of the tokens
     wall = time.perf_counter() - t0
+    if profile and eng.cuda_graphs:
+        eng.runner.cuda_graphs = False  # the same step, eager: its ops by name and shape
+        with open(profile[0], "a") as f:
+            f.write(op_profile(lambda: done.extend(eng.step()), profile[1]) + "\n")
+        eng.runner.cuda_graphs = True
     while eng.has_work():  # (none left when every sequence reached decode in the same step)
         done += eng.step()
     itl = wall / steps

@@ -15,7 +15,7 @@ import torch
 
 class RecomputedBackward(torch.autograd.Function):
     """o = forward(*xs), computed without a graph; the backward recomputes reference(*xs) (same function, same
-    output layout) under autograd and differentiates that."""
+    output layout: a tensor or a tuple of tensors) under autograd and differentiates that."""
 
     @staticmethod
     def forward(ctx, forward: Callable, reference: Callable, *xs):
@@ -24,14 +24,15 @@ class RecomputedBackward(torch.autograd.Function):
         return forward(*xs)
 
     @staticmethod
-    def backward(ctx, grad_o):
+    def backward(ctx, *grad_o):
         inputs = ctx.saved_tensors
         needs = ctx.needs_input_grad[2:]
         with torch.enable_grad():
             leaves = [x.detach().requires_grad_(needs[i]) for i, x in enumerate(inputs)]
             o = ctx.reference(*leaves)
+            o = list(o) if isinstance(o, tuple) else [o]
             wrt = [x for i, x in enumerate(leaves) if needs[i]]
-            got = iter(torch.autograd.grad(o, wrt, grad_o) if wrt else [])
+            got = iter(torch.autograd.grad(o, wrt, list(grad_o), allow_unused=True) if wrt else [])
         return (None, None, *(next(got) if needs[i] else None for i in range(len(inputs))))
 
 

@@ -3,8 +3,9 @@ imported only under TRITON_INTERPRET=1, by tests and experiments/gpu; the packag
 
 - `emulate_gpu_arithmetic()`: fp32 and bf16 `tl.dot` as a sequential multiply-add chain over K into an fp32
   accumulator (what the GPU's FMA lowering computes for "ieee"; float64 products rounded to fp32 per step; the
-  interpreter's own bf16 dot multiplies the raw bits), `tl.fma` with one rounding, and loop bounds passed as
-  kernel arguments under numpy >= 2. Tensor-core dots (tf32, bf16) are not emulated bit for bit: the chain is a
+  interpreter's own bf16 dot multiplies the raw bits), `tl.fma` with one rounding, fp32 -> bf16 casts rounded to
+  nearest even (the GPU's cvt.rn; the interpreter truncates), and loop bounds passed as kernel arguments under
+  numpy >= 2. Tensor-core dots (tf32, bf16) are not emulated bit for bit: the chain is a
   row- and tile-independent stand-in with their accuracy or better, so bit-level checks (decode == the full
   pass's rows) test a kernel's logic here and its bits on the GPU.
 - `check_bounds()`: a bounds checker, what compute-sanitizer's memcheck does on a GPU. Every load, store and
@@ -49,6 +50,19 @@ def _sequential_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     return interp.TensorHandle(acc, d.dtype.scalar)
 
 
+_cast = interp.InterpreterBuilder.cast_impl
+
+
+def _cast_rne(self, src, dst_type):
+    if src.dtype.scalar == interp.tl.float32 and dst_type.scalar == interp.tl.bfloat16:
+        bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        nan = np.isnan(src.data)
+        rounded[nan] = (bits[nan] >> 16).astype(np.uint16) | 0x40  # stays a (quiet) NaN
+        return interp.TensorHandle(rounded, dst_type.scalar)
+    return _cast(self, src, dst_type)
+
+
 @contextlib.contextmanager
 def _patched(owner, **attrs):
     saved = {k: getattr(owner, k) for k in attrs}
@@ -74,7 +88,8 @@ def emulate_gpu_arithmetic():
     # tl.fma: one rounding (the interpreter's own rounds the product first)
     fma = lambda self, x, y, z: interp.TensorHandle(  # noqa: E731
         (x.data.astype(np.float64) * y.data + z.data).astype(np.float32), z.dtype.scalar)
-    with _patched(interp.InterpreterBuilder, create_dot=_sequential_dot, create_fma=fma), \
+    with _patched(interp.InterpreterBuilder, create_dot=_sequential_dot, create_fma=fma,
+                  cast_impl=_cast_rne), \
             _patched(interp._LangPatchScope, set_attr=set_attr_np2):
         yield
 

@@ -21,7 +21,8 @@ from torch.utils.checkpoint import checkpoint
 from ...numerics import Numerics, get_numerics
 from ...ops.conv import causal_conv
 from ...ops.gdn import GDNHeads
-from ...ops.reduce import mean_sq_last, sum_last
+from ...ops import fused
+from ...ops.reduce import sum_last
 from ..layout import ForwardContext, SeqLayout
 from .config import Qwen35Config
 
@@ -35,14 +36,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        # mean_sq_last: xf.pow(2).mean(-1, keepdim=True) on CPU, a row-count-invariant reduction on CUDA
-        y = xf * torch.rsqrt(mean_sq_last(xf) + self.eps)
-        return (y * (1.0 + self.weight.float())).to(x.dtype)
+        return fused.rms_norm(x, self.weight, self.eps)  # one row-invariant kernel on CUDA
 
 
 class GatedRMSNorm(nn.Module):
-    """GDN output norm: normalize in fp32, cast, times weight (init ones), times silu(z)."""
+    """GDN output norm: the fp32 core output cast to z's dtype, normalized in fp32, cast, times weight (init
+    ones), times silu(z)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -50,9 +49,7 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, z: torch.Tensor, silu) -> torch.Tensor:
-        xf = x.float()
-        y = (xf * torch.rsqrt(mean_sq_last(xf) + self.eps)).to(x.dtype)
-        return (self.weight * y * silu(z.float())).to(x.dtype)
+        return fused.gated_rms_norm(x, z, self.weight, self.eps, silu)
 
 
 class Linear(nn.Linear):
@@ -93,8 +90,8 @@ class GatedDeltaNet(nn.Module):
         lay, name, cache = ctx.layout, f"layers.{self.layer_idx}.gdn", ctx.cache
         qkv = self.in_proj_qkv(x, nx)
         z = self.in_proj_z(x, nx)
-        beta = nx.sigmoid(self.in_proj_b(x, nx).float())
-        g = -torch.exp(self.A_log.float()) * nx.softplus(self.in_proj_a(x, nx).float() + self.dt_bias.float())
+        g, beta = fused.gdn_gates(self.in_proj_a(x, nx), self.in_proj_b(x, nx), self.A_log, self.dt_bias, nx.softplus,
+                                  nx.sigmoid)
         ctx.record(f"{name}.in_proj", qkv)
 
         conv_w = self.conv1d.weight.squeeze(1)
@@ -110,7 +107,7 @@ class GatedDeltaNet(nn.Module):
         ctx.record(f"{name}.core", o)
 
         n = x.shape[0]
-        o = self.norm(o.reshape(n * self.hv, self.dv).to(x.dtype), z.reshape(n * self.hv, self.dv), nx.silu)
+        o = self.norm(o.reshape(n * self.hv, self.dv), z.reshape(n * self.hv, self.dv), nx.silu)
         return self.out_proj(o.reshape(n, self.value_dim), nx)
 
 
@@ -144,18 +141,10 @@ class RotaryTable(nn.Module):
             self.pieces[key] = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
         return self.pieces[key]
 
-    def forward(self, positions: torch.Tensor, max_ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [N], all < max_ctx (a host bound: the table is sized without reading positions back)."""
-        cos, sin = self._table(max(max_ctx - 1, 0) // self.PIECE + 1, positions.device)
-        return cos[positions], sin[positions]
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [N, H, D]; rotate the first 2 * cos.shape[-1] dims (NeoX halves), pass the rest."""
-    half = cos.shape[-1]
-    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
-    c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, rest], dim=-1)
+    def forward(self, max_ctx: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos, sin tables [P, rotary_dim / 2] for positions < max_ctx (a host bound: the table is sized
+        without reading positions back); ops.fused.rope looks positions up in them."""
+        return self._table(max(max_ctx - 1, 0) // self.PIECE + 1, device)
 
 
 class GatedAttention(nn.Module):
@@ -178,8 +167,8 @@ class GatedAttention(nn.Module):
         q = self.q_norm(q)
         k = self.k_norm(self.k_proj(x, nx).view(n, self.hkv, self.d))
         v = self.v_proj(x, nx).view(n, self.hkv, self.d)
-        cos, sin = self._rope[0](lay.positions, lay.max_ctx)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cos, sin = self._rope[0](lay.max_ctx, x.device)
+        q, k = fused.rope(q, lay.positions, cos, sin), fused.rope(k, lay.positions, cos, sin)
         ctx.record(f"layers.{self.layer_idx}.attn.qkv", torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], -1))
 
         if ctx.cache is None:

@@ -24,11 +24,6 @@ BLOCK = 64  # key block: a query at p reads 64 * (p // 64 + 1) keys
 TILE = 16  # query rows per matmul
 
 
-def _expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
-    rep = hq // x.shape[1]
-    return x.repeat_interleave(rep, dim=1) if rep > 1 else x
-
-
 def blocked_attention(q, k, v, q_pos, scale, matmul=torch.matmul):
     """matmul: the batched matmul (the bi modes pass ops.linear.bmm)."""
     b, hq, tq, d = q.shape
@@ -66,12 +61,17 @@ def blocked_attention(q, k, v, q_pos, scale, matmul=torch.matmul):
 
 def sdpa_attention(q, k, v, q_pos, scale, causal: bool = False):
     """causal: SDPA's own causal mask (its flash backend; queries past a sequence's end see padding keys, their
-    outputs unused); else a mask from the positions."""
+    outputs unused); else a mask from the positions, the `rep` query heads that share a KV head stacked as rows of
+    one [rep * Tq, D] query so K and V are read as they are (expanding them to every query head would copy the
+    whole context once per step: at 64 decode sequences, most of a step's attention time)."""
     if causal:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    hq = q.shape[1]
-    k, v = _expand_kv(k, hq), _expand_kv(v, hq)
+    b, hq, tq, d = q.shape
+    hkv = k.shape[1]
+    rep = hq // hkv
     key_pos = torch.arange(k.shape[2], device=q.device)
     mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [B, Tq, Tk]
     mask = mask | (q_pos[:, :, None] < 0)  # padded queries: attend anywhere, avoid NaN rows
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale)
+    qf = q.reshape(b, hkv, rep * tq, d)  # query head h reads KV head h // rep (repeat_interleave's order)
+    o = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask.repeat(1, rep, 1)[:, None], scale=scale)
+    return o.view(b, hq, tq, d)

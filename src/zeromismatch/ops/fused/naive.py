@@ -1,0 +1,42 @@
+"""The model's row-wise and elementwise ops in plain torch: the CPU form, and the form the CUDA kernels
+(triton.py) are differentiated through (ops.autograd.backward_through) and checked against.
+
+- rms_norm        zero-centred RMSNorm: normalize in fp32, scale by (1 + w)
+- gated_rms_norm  GDN output norm: the fp32 core output cast to the activation dtype, normalized, times w, times
+                  silu(z)
+- gdn_gates       GDN log decay g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b), fp32
+- rope            NeoX rotary embedding of the first 2 * half dims by absolute position, from cos / sin tables
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..reduce import mean_sq_last
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    y = xf * torch.rsqrt(mean_sq_last(xf) + eps)
+    return (y * (1.0 + weight.float())).to(x.dtype)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, silu) -> torch.Tensor:
+    """x [R, D] (any float dtype: cast to z's first), z [R, D] -> z.dtype."""
+    xf = x.to(z.dtype).float()
+    y = (xf * torch.rsqrt(mean_sq_last(xf) + eps)).to(z.dtype)
+    return (weight * y * silu(z.float())).to(z.dtype)
+
+
+def gdn_gates(a, b, a_log, dt_bias, softplus, sigmoid) -> tuple[torch.Tensor, torch.Tensor]:
+    """a, b [N, HV] -> (g, beta) [N, HV] fp32."""
+    g = -torch.exp(a_log.float()) * softplus(a.float() + dt_bias.float())
+    return g, sigmoid(b.float())
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, H, D]; positions [N]; cos, sin [P, half] fp32 tables. The products and sums in x's dtype."""
+    half = cos.shape[-1]
+    c, s = cos[positions][:, None, :].to(x.dtype), sin[positions][:, None, :].to(x.dtype)
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, rest], dim=-1)
