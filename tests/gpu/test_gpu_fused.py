@@ -96,3 +96,26 @@ def test_dispatch_gradients_match_the_torch_forms():
     want = torch.autograd.grad(naive.rms_norm(x, w, 1e-6), (x, w), dy)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("c", [8192, 6144 + 40])
+def test_conv_steps_equal_the_full_sequence_and_close_to_torch(c):
+    """ops/conv's kernels: decode steps and prefill pieces from slot states (updated in place) give the full
+    sequence's bits; a row alone the batch's; values close to the torch form."""
+    from zeromismatch.ops.conv import naive, triton as k
+
+    b, t, w = 4, 300, 4
+    x, wt = _randn(b, t, c, seed=16, scale=2), _randn(c, w, seed=17, scale=0.5)
+    full = k.conv(x, wt, None, None, True)
+    torch.testing.assert_close(full, naive.causal_conv(x, wt, None, F.silu)[0], **BF16_TOL)
+    assert torch.equal(k.conv(x, wt, None, None, False), naive.causal_conv(x, wt)[0])  # products and sums: exact
+    states = torch.zeros(9, w - 1, c, device=DEV, dtype=x.dtype)
+    slots = torch.tensor([7, 0, 3, 5], device=DEV)
+    pieces, pos = [], 0
+    for n in (1, 1, 63, 1, 130, 1, 1, 102):
+        pieces.append(k.conv(x[:, pos : pos + n], wt, states, slots, True))
+        k.next_state(x[:, pos : pos + n], w, states, slots, None, out=states)
+        pos += n
+    assert pos == t and torch.equal(torch.cat(pieces, 1), full)
+    assert torch.equal(states[slots], naive.causal_conv(x, wt)[1])
+    assert torch.equal(k.conv(x[2:3], wt, None, None, True), full[2:3])

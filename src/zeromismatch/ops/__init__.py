@@ -7,7 +7,7 @@ imported lazily (CPU machines have no triton) and are tested against the torch f
 - reduce/        row-count-invariant row reductions (norms)
 - fused/         RMSNorm, the GDN output norm, GDN gates, RoPE: one row-invariant CUDA kernel each (every mode)
 - activations.py batch-invariant sigmoid / silu / softplus
-- conv.py        causal depthwise conv: one implementation for the full sequence and the one-token step
+- conv/          causal depthwise conv: one implementation for the full sequence and the one-token step
 - gdn/           gated delta rule: the reference forms, one backend per GDN form, the Triton kernels
 - attention/     causal GQA attention: a batch-invariant blocked form and the stock SDPA form
 - moe/           routed experts: grouped by expert, Triton grouped GEMMs (invariant) or torch._grouped_mm (stock)

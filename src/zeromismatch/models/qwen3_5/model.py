@@ -19,7 +19,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from ...numerics import Numerics, get_numerics
-from ...ops.conv import causal_conv
+from ...ops.conv import causal_conv, causal_conv_slots
 from ...ops.gdn import GDNHeads
 from ...ops import fused
 from ...ops.reduce import sum_last
@@ -95,15 +95,16 @@ class GatedDeltaNet(nn.Module):
         ctx.record(f"{name}.in_proj", qkv)
 
         conv_w = self.conv1d.weight.squeeze(1)
-        conv_in = None if cache is None else cache.gdn_state(self.layer_idx)["conv"]
         lengths = None if lay.unpadded else lay.lengths  # every row full: its last W-1 inputs, no gather
-        y, conv_state = causal_conv(lay.to_padded(qkv), conv_w, conv_in, nx.silu, lengths)
+        if cache is None:
+            y, _ = causal_conv(lay.to_padded(qkv), conv_w, None, nx.silu, lengths)
+        else:  # from the cache's conv states, updated in place
+            states, slots = cache.gdn_slots(self.layer_idx)
+            y = causal_conv_slots(lay.to_padded(qkv), conv_w, states["conv"], slots, nx.silu, lengths)
         mixed = lay.to_packed(y)
         ctx.record(f"{name}.conv", mixed)
 
         o = nx.gdn(mixed, g, beta, self.heads, lay, cache, self.layer_idx)  # [N, HV, V] fp32
-        if cache is not None:
-            cache.set_gdn_state(self.layer_idx, {"conv": conv_state})
         ctx.record(f"{name}.core", o)
 
         n = x.shape[0]

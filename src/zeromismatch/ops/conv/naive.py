@@ -1,10 +1,5 @@
-"""Causal depthwise conv (kernel W, no bias) + SiLU over the GDN qkv channels.
-
-One implementation serves the trainer's full sequence and the generator's steps: both call `causal_conv`
-with a carried state of the previous W-1 inputs (zeros at a sequence start). Output t is the same fixed
-left-to-right sum  w[0]*x[t-W+1] + ... + w[W-1]*x[t]  either way, so a step equals the full-sequence
-result bit for bit (tests/ops/test_conv.py).
-"""
+"""The causal depthwise conv in plain torch: the CPU form, and the form the CUDA kernels (triton.py) are
+differentiated through and checked against."""
 
 from __future__ import annotations
 
