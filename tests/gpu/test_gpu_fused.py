@@ -119,3 +119,19 @@ def test_conv_steps_equal_the_full_sequence_and_close_to_torch(c):
     assert pos == t and torch.equal(torch.cat(pieces, 1), full)
     assert torch.equal(states[slots], naive.causal_conv(x, wt)[1])
     assert torch.equal(k.conv(x[2:3], wt, None, None, True), full[2:3])
+
+
+@pytest.mark.parametrize("act", ["silu", "sigmoid"])
+def test_gated_element_invariant_and_close(act):
+    from zeromismatch.ops.fused import naive, triton as k
+
+    n, h, d = 3000, 16, 256
+    x, proj = _randn(n, h * d, seed=18, scale=2), _randn(n, h * 2 * d, seed=19, scale=4)
+    gate = proj.view(n, h, 2 * d)[..., d:]
+    full = k.gated(x, gate, act)
+    for rows in (slice(0, 1), slice(2999, 3000), slice(7, 900)):
+        assert torch.equal(k.gated(x[rows], gate[rows], act), full[rows]), rows
+    assert torch.equal(k.gated(x, gate.contiguous().view(n, -1), act), full)
+    ref = naive.gated(x, gate, F.silu if act == "silu" else torch.sigmoid)
+    torch.testing.assert_close(full, ref, **BF16_TOL)
+    assert (full == ref).float().mean() > 0.95

@@ -123,3 +123,19 @@ def test_gradients_flow_through_the_torch_forms(fk):
     want = torch.autograd.grad(rg.sum() + 2 * rbeta.sum(), (a, b, al, dt))
     for u, v in zip(got, want):
         assert torch.equal(u, v)
+
+
+@pytest.mark.parametrize("act", ["silu", "sigmoid"])
+def test_gated_matches_torch_and_reads_a_head_view(fk, act):
+    fn = F.silu if act == "silu" else torch.sigmoid
+    x = _randn(13, 6 * 24, seed=26, dtype=torch.bfloat16, scale=2)
+    proj = _randn(13, 6 * 48, seed=27, dtype=torch.bfloat16, scale=4)
+    gate = proj.view(13, 6, 48)[..., 24:]  # the gate half of each head, a strided view
+    got = fk.gated(x, gate, act)
+    ref = naive.gated(x, gate, fn)
+    torch.testing.assert_close(got, ref, **TOL[torch.bfloat16])
+    assert (got == ref).float().mean() > 0.95  # the roundings are torch's; exp is not
+    assert torch.equal(fk.gated(x, gate.contiguous().view(13, -1), act), got)  # the same values, dense
+    assert torch.equal(fk.gated(x[5:6], gate[5:6], act), got[5:6])
+    with pytest.raises(ValueError, match="act='tanh'"):
+        fk.gated(x, gate, "tanh")

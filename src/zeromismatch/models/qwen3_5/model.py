@@ -163,14 +163,14 @@ class GatedAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, nx: Numerics) -> torch.Tensor:
         lay, n = ctx.layout, x.shape[0]
-        q, gate = self.q_proj(x, nx).view(n, self.hq, 2 * self.d).chunk(2, dim=-1)
-        gate = gate.reshape(n, self.hq * self.d)
+        q, gate = self.q_proj(x, nx).view(n, self.hq, 2 * self.d).chunk(2, dim=-1)  # views [N, Hq, D]
         q = self.q_norm(q)
         k = self.k_norm(self.k_proj(x, nx).view(n, self.hkv, self.d))
         v = self.v_proj(x, nx).view(n, self.hkv, self.d)
         cos, sin = self._rope[0](lay.max_ctx, x.device)
         q, k = fused.rope(q, lay.positions, cos, sin), fused.rope(k, lay.positions, cos, sin)
-        ctx.record(f"layers.{self.layer_idx}.attn.qkv", torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], -1))
+        if ctx.tap is not None:  # (the concatenation is a copy: only for the audit)
+            ctx.record(f"layers.{self.layer_idx}.attn.qkv", torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], -1))
 
         if ctx.cache is None:
             kk, vv = lay.to_padded(k), lay.to_padded(v)
@@ -183,7 +183,7 @@ class GatedAttention(nn.Module):
                          causal=ctx.cache is None and lay.from_start)
         o = lay.to_packed(o.transpose(1, 2)).reshape(n, self.hq * self.d)
         ctx.record(f"layers.{self.layer_idx}.attn.core", o)
-        return self.o_proj(o * nx.sigmoid(gate), nx)
+        return self.o_proj(fused.gated(o, gate, nx.sigmoid, "sigmoid"), nx)  # o * sigmoid(gate)
 
 
 # -------------------------------------------------------------------------------------------- MLP
@@ -197,7 +197,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(inter, hidden)
 
     def forward(self, x: torch.Tensor, nx: Numerics) -> torch.Tensor:
-        return self.down_proj(nx.silu(self.gate_proj(x, nx)) * self.up_proj(x, nx), nx)
+        return self.down_proj(fused.gated(self.up_proj(x, nx), self.gate_proj(x, nx), nx.silu, "silu"), nx)
 
 
 class Router(nn.Module):

@@ -53,4 +53,15 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     return backward_through(lambda x: kernels.rope(x, positions, cos, sin), lambda x: naive.rope(x, positions, cos, sin), x)
 
 
-__all__ = ["gated_rms_norm", "gdn_gates", "rms_norm", "rope"]
+def gated(x: torch.Tensor, gate: torch.Tensor, act, act_name: str) -> torch.Tensor:
+    """act(gate) * x [N, F]: the MLP's silu(gate) * up, attention's output times sigmoid(gate). gate: [N, F] or a
+    [N, H, D] view (H * D = F; e.g. the gate half of each head of a projection, read in place). act is the mode's
+    on the CPU; act_name ("silu" / "sigmoid") picks the kernel's own on CUDA (elementwise, so invariant)."""
+    if not on_gpu(x):
+        return naive.gated(x, gate, act)
+    from . import triton as kernels
+
+    return backward_through(lambda x, g: kernels.gated(x, g, act_name), lambda x, g: naive.gated(x, g, act), x, gate)
+
+
+__all__ = ["gated", "gated_rms_norm", "gdn_gates", "rms_norm", "rope"]

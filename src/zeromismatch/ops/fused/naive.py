@@ -6,6 +6,7 @@
                   silu(z)
 - gdn_gates       GDN log decay g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b), fp32
 - rope            NeoX rotary embedding of the first 2 * half dims by absolute position, from cos / sin tables
+- gated           act(gate) * x: the MLP's silu(gate) * up, attention's output times sigmoid(gate)
 """
 
 from __future__ import annotations
@@ -40,3 +41,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     c, s = cos[positions][:, None, :].to(x.dtype), sin[positions][:, None, :].to(x.dtype)
     x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, rest], dim=-1)
+
+
+def gated(x: torch.Tensor, gate: torch.Tensor, act) -> torch.Tensor:
+    """act(gate) * x, each rounded to x's dtype; gate has x's elements in the same order (any view shape)."""
+    return x * act(gate).reshape(x.shape)

@@ -132,6 +132,22 @@ def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, o_ptr, n_rows, heads, stride_
         tl.store(out + cc[None, :], tl.load(x_ptr + base[:, None] + cc[None, :], mask=mm, other=0.0), mask=mm)
 
 
+@triton.jit(do_not_specialize=["n", "F", "D", "stride_gt", "stride_gh"])
+def _gated_kernel(x_ptr, g_ptr, o_ptr, n, F, D, stride_gt, stride_gh, SILU: tl.constexpr, BLOCK: tl.constexpr):
+    # element e = (token, head, col) of x [N, F]; the gate's element at token * stride_gt + head * stride_gh + col
+    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = e < n
+    tok, r = e // F, e % F
+    g = tl.load(g_ptr + tok * stride_gt + (r // D) * stride_gh + r % D, mask=m, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + e, mask=m, other=0.0).to(tl.float32)
+    ty = o_ptr.dtype.element_ty
+    if SILU:
+        a = g / (1.0 + tl.exp(-g))
+    else:
+        a = 1.0 / (1.0 + tl.exp(-g))
+    tl.store(o_ptr + e, (a.to(ty).to(tl.float32) * x).to(ty), mask=m)
+
+
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     """x [..., D] or a [N, H, D] view (q / k heads of a projection), last dim dense -> (x, heads, stride_a,
     stride_b): the kernels' row addressing, so a strided head view is read in place."""
@@ -197,4 +213,23 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
         rows = max(1, 512 // block_h)
         _rope_kernel[(triton.cdiv(n, rows),)](xr, positions, cos, sin, out, n, heads, sa, sb, d, half,
                                               ROWS=rows, BLOCK_H=block_h, BLOCK_D=64, num_warps=4)
+    return out
+
+
+def gated(x: torch.Tensor, gate: torch.Tensor, act: str) -> torch.Tensor:
+    if act not in ("silu", "sigmoid"):
+        raise ValueError(f"fused.gated: act={act!r}; the kernel has 'silu' and 'sigmoid'")
+    x = x.contiguous()
+    f = x.shape[-1]
+    if gate.dim() == 3 and gate.stride(-1) == 1:
+        d, sgt, sgh = gate.shape[-1], gate.stride(0), gate.stride(1)
+    else:
+        gate = gate.reshape(x.shape).contiguous()
+        d, sgt, sgh = f, gate.stride(0) if gate.dim() > 1 else f, 0
+    out = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        block = 1024
+        _gated_kernel[(triton.cdiv(n, block),)](x, gate, out, n, f, d, sgt, sgh, SILU=act == "silu", BLOCK=block,
+                                                 num_warps=4)
     return out
