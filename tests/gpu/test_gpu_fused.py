@@ -135,3 +135,18 @@ def test_gated_element_invariant_and_close(act):
     ref = naive.gated(x, gate, F.silu if act == "silu" else torch.sigmoid)
     torch.testing.assert_close(full, ref, **BF16_TOL)
     assert (full == ref).float().mean() > 0.95
+
+
+def test_qk_l2norm_row_invariant_and_close():
+    from zeromismatch.ops.fused import naive, triton as k
+
+    b, t, h, d, hv = 3, 700, 16, 128, 32
+    mixed = _randn(b, t, 2 * h * d + 4096, seed=20, scale=3)
+    q, kk = mixed[..., : h * d].unflatten(-1, (h, d)), mixed[..., h * d : 2 * h * d].unflatten(-1, (h, d))
+    gq, gk = k.qk_l2norm(q, kk, hv)
+    rq, rk = naive.qk_l2norm(q, kk, hv)
+    torch.testing.assert_close(gq, rq, rtol=2e-6, atol=1e-7)
+    torch.testing.assert_close(gk, rk, rtol=2e-6, atol=1e-7)
+    for sl in (slice(0, 1), slice(699, 700), slice(64, 128)):  # a decode token, a prefill piece
+        oq, ok = k.qk_l2norm(q[1:2, sl], kk[1:2, sl], hv)
+        assert torch.equal(oq, gq[1:2, :, sl]) and torch.equal(ok, gk[1:2, :, sl])

@@ -139,3 +139,16 @@ def test_gated_matches_torch_and_reads_a_head_view(fk, act):
     assert torch.equal(fk.gated(x[5:6], gate[5:6], act), got[5:6])
     with pytest.raises(ValueError, match="act='tanh'"):
         fk.gated(x, gate, "tanh")
+
+
+def test_qk_l2norm_matches_torch_and_is_row_invariant(fk):
+    b, t, h, k, hv = 2, 9, 2, 40, 6  # 3 value heads per key head; K not a power of two
+    mixed = _randn(b, t, 2 * h * k + 5, seed=28, dtype=torch.bfloat16, scale=3)  # q | k | more, as the conv output
+    q, kk = mixed[..., : h * k].unflatten(-1, (h, k)), mixed[..., h * k : 2 * h * k].unflatten(-1, (h, k))
+    gq, gk = fk.qk_l2norm(q, kk, hv)
+    rq, rk = naive.qk_l2norm(q, kk, hv)
+    assert gq.shape == (b, hv, t, k) and gq.dtype == torch.float32
+    torch.testing.assert_close(gq, rq, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(gk, rk, rtol=1e-6, atol=1e-7)
+    one_q, one_k = fk.qk_l2norm(q[1:, 4:5], kk[1:, 4:5], hv)  # one token of one sequence
+    assert torch.equal(one_q, gq[1:, :, 4:5]) and torch.equal(one_k, gk[1:, :, 4:5])

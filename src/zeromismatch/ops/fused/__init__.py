@@ -64,4 +64,15 @@ def gated(x: torch.Tensor, gate: torch.Tensor, act, act_name: str) -> torch.Tens
     return backward_through(lambda x, g: kernels.gated(x, g, act_name), lambda x, g: naive.gated(x, g, act), x, gate)
 
 
-__all__ = ["gated", "gated_rms_norm", "gdn_gates", "rms_norm", "rope"]
+def qk_l2norm(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDN q, k [B, T, H, K] (views of the conv output) -> [B, HV, T, K] fp32: l2-normalized, q scaled by K^-0.5,
+    each key head repeated for its value heads. One kernel per tensor on CUDA (row-invariant)."""
+    if not on_gpu(q):
+        return naive.qk_l2norm(q, k, num_v_heads)
+    from . import triton as kernels
+
+    return backward_through(lambda q, k: kernels.qk_l2norm(q, k, num_v_heads),
+                            lambda q, k: naive.qk_l2norm(q, k, num_v_heads), q, k)
+
+
+__all__ = ["gated", "gated_rms_norm", "gdn_gates", "qk_l2norm", "rms_norm", "rope"]

@@ -7,13 +7,14 @@
 - gdn_gates       GDN log decay g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b), fp32
 - rope            NeoX rotary embedding of the first 2 * half dims by absolute position, from cos / sin tables
 - gated           act(gate) * x: the MLP's silu(gate) * up, attention's output times sigmoid(gate)
+- qk_l2norm       GDN q, k: l2-normalized in fp32, q scaled, expanded to the value heads, in the kernel layout
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..reduce import mean_sq_last
+from ..reduce import mean_sq_last, sum_sq_last
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -46,3 +47,17 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
 def gated(x: torch.Tensor, gate: torch.Tensor, act) -> torch.Tensor:
     """act(gate) * x, each rounded to x's dtype; gate has x's elements in the same order (any view shape)."""
     return x * act(gate).reshape(x.shape)
+
+
+def qk_l2norm(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T, H, K] raw q, k -> [B, HV, T, K] fp32, l2-normalized (eps 1e-6 inside the rsqrt), q scaled by
+    K^-0.5. Value head hv reads key head hv // (HV / H)."""
+    q, k = q.float(), k.float()
+    # sum_sq_last: (x * x).sum(-1, keepdim=True) on CPU; a row-count-invariant Triton reduction on CUDA
+    q = q * torch.rsqrt(sum_sq_last(q) + 1e-6)
+    k = k * torch.rsqrt(sum_sq_last(k) + 1e-6)
+    q = q * (q.shape[-1] ** -0.5)
+    rep = num_v_heads // q.shape[2]
+    if rep > 1:
+        q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
+    return q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()

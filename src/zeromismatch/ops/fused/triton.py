@@ -148,6 +148,29 @@ def _gated_kernel(x_ptr, g_ptr, o_ptr, n, F, D, stride_gt, stride_gh, SILU: tl.c
     tl.store(o_ptr + e, (a.to(ty).to(tl.float32) * x).to(ty), mask=m)
 
 
+@triton.jit(do_not_specialize=["n_rows", "H", "T", "s_b", "s_t", "s_h"])
+def _l2norm_heads_kernel(x_ptr, o_ptr, n_rows, H, T, s_b, s_t, s_h, K, scale, REP: tl.constexpr,
+                         SCALE: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    # row r = (b, t, h) of x [B, T, H, K]; written to rows (b, h * REP + j, t) of o [B, H * REP, T, K] fp32
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n_rows
+    r64 = rows.to(tl.int64)
+    h, bt = r64 % H, r64 // H
+    t, b = bt % T, bt // T
+    base = b * s_b + t * s_t + h * s_h
+    inv = tl.rsqrt(_sum_sq(x_ptr, base, rmask, K, o_ptr, BLOCK_D, ROWS) + 1e-6)
+    cols = tl.arange(0, BLOCK_D)
+    for d0 in range(0, K, BLOCK_D):
+        c = d0 + cols
+        m = rmask[:, None] & (c[None, :] < K)
+        y = tl.load(x_ptr + base[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32) * inv[:, None]
+        if SCALE:
+            y = y * scale
+        for j in tl.static_range(REP):
+            dst = ((b * H + h) * REP + j) * T + t
+            tl.store(o_ptr + dst[:, None] * K + c[None, :], y, mask=m)
+
+
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     """x [..., D] or a [N, H, D] view (q / k heads of a projection), last dim dense -> (x, heads, stride_a,
     stride_b): the kernels' row addressing, so a strided head view is read in place."""
@@ -233,3 +256,21 @@ def gated(x: torch.Tensor, gate: torch.Tensor, act: str) -> torch.Tensor:
         _gated_kernel[(triton.cdiv(n, block),)](x, gate, out, n, f, d, sgt, sgh, SILU=act == "silu", BLOCK=block,
                                                  num_warps=4)
     return out
+
+
+def qk_l2norm(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    outs = []
+    for x, scaled in ((q, True), (k, False)):
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        b, t, h, d = x.shape
+        rep = num_v_heads // h
+        out = torch.empty(b, h * rep, t, d, device=x.device, dtype=torch.float32)
+        n = b * t * h
+        if n:
+            rows, block_d = _layout(d)
+            _l2norm_heads_kernel[(triton.cdiv(n, rows),)](x, out, n, h, t, x.stride(0), x.stride(1), x.stride(2), d,
+                                                          d ** -0.5, REP=rep, SCALE=scaled, ROWS=rows,
+                                                          BLOCK_D=block_d, num_warps=4)
+        outs.append(out)
+    return outs[0], outs[1]

@@ -19,7 +19,7 @@ from typing import ClassVar, Protocol
 import torch
 
 from ..varlen import SeqLayout
-from .naive import prepare_qk
+from .. import fused
 
 # {name: (per-slot shape, dtype)}
 StateSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -63,7 +63,7 @@ class GDNHeads:
         """Padded [B, L, C], [B, L, HV] -> q, k, v, g, beta in the kernel layout [B, HV, L, D] fp32 (q, k
         normalized and expanded to the value heads)."""
         q, k, v = self.split(mixed_p)
-        q, k = prepare_qk(q, k, self.num_v_heads)
+        q, k = fused.qk_l2norm(q, k, self.num_v_heads)  # one kernel per tensor on CUDA
         v, g, beta = (t.float().transpose(1, 2).contiguous() for t in (v, g_p, beta_p))
         return q, k, v, g, beta
 

@@ -22,23 +22,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..reduce import sum_sq_last
 from ..varlen import padded_index, to_padded
+from ..fused.naive import qk_l2norm as prepare_qk  # noqa: F401 (the torch form, shared with ops/fused)
 from .constants import CHUNK
-
-
-def prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, T, H, K] raw q, k -> [B, HV, T, K] fp32, l2-normalized (eps 1e-6 inside the rsqrt), q scaled.
-    Value head hv reads key head hv // (HV / H)."""
-    q, k = q.float(), k.float()
-    # sum_sq_last: (x * x).sum(-1, keepdim=True) on CPU; a row-count-invariant Triton reduction on CUDA
-    q = q * torch.rsqrt(sum_sq_last(q) + 1e-6)
-    k = k * torch.rsqrt(sum_sq_last(k) + 1e-6)
-    q = q * (q.shape[-1] ** -0.5)
-    rep = num_v_heads // q.shape[2]
-    if rep > 1:
-        q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
-    return q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
 
 
 # ----------------------------------------------------------------------------------------------- recurrent
