@@ -10,7 +10,7 @@ CUDA-graph runner's bucketed decode path (run without capture) and the Gumbel-ma
 powers of two (K = V = 96; K = 128, V = 96; K = 96, V = 40) run padded and masked: the same checks at small
 shapes (decode == chunked rows bitwise, both decode kernels agree, recurrent kernel vs float64) and the micro
 model's engine-vs-trainer check at K = V = 96. About 8 minutes on one core; `--head-sizes` runs only the
-head-size checks.
+head-size checks, `--model` only the engine-vs-trainer checks at the default head sizes.
 
     pip install -e ".[interpret]" && TRITON_INTERPRET=1 PYTHONPATH=src python experiments/gpu/interpret_check.py
 
@@ -90,6 +90,8 @@ def main():
 
     t.DEV = "cpu"
     t._gen = lambda seed=0: torch.Generator().manual_seed(seed)
+    if "--model" in sys.argv:  # the engine-vs-trainer checks alone (~4 minutes)
+        return model_checks()
     head_size_checks(t)
     if "--head-sizes" in sys.argv:
         return
@@ -121,6 +123,10 @@ def main():
         ob = chunk_decode_triton(*xs, torch.arange(n), pos, b, dots="ieee", kernel="chain")
         assert torch.equal(oa, ob) and all(torch.equal(a[k_], b[k_]) for k_ in a), pos
     print("loop-chain decode == dot decode (output and every cache tensor): ok")
+    model_checks()
+
+
+def model_checks():
     for mode in ("bi", "bi_chunk"):
         equal, total = model_parity(mode)
         print(f"{mode}: engine logprobs == trainer forward for {equal}/{total} sequences")

@@ -5,7 +5,7 @@ imported lazily (CPU machines have no triton) and are tested against the torch f
 - varlen.py      packed <-> padded token layouts of a varlen call (SeqLayout)
 - linear/        batch-invariant GEMM and bmm (the `bi` / `bi_chunk` projections and attention matmuls)
 - reduce/        row-count-invariant row reductions (norms)
-- fused/         RMSNorm, the GDN output norm, GDN gates, RoPE: one row-invariant CUDA kernel each (every mode)
+- fused/         norms, GDN gates and q / k l2 norm, RoPE, act(gate) * x: one row-invariant CUDA kernel each
 - activations.py batch-invariant sigmoid / silu / softplus
 - conv/          causal depthwise conv: one implementation for the full sequence and the one-token step
 - gdn/           gated delta rule: the reference forms, one backend per GDN form, the Triton kernels
