@@ -122,9 +122,11 @@ def measure(eng, model, c: int, prompt: int, warmup: int, steps: int, seed: int,
     wall = time.perf_counter() - t0
     if profile and eng.cuda_graphs:
         eng.runner.cuda_graphs = False  # the same step, eager: its ops by name and shape
-        with open(profile[0], "a") as f:
-            f.write(op_profile(lambda: done.extend(eng.step()), profile[1]) + "\n")
-        eng.runner.cuda_graphs = True
+        try:
+            with open(profile[0], "a") as f:
+                f.write(op_profile(lambda: done.extend(eng.step()), profile[1]) + "\n")
+        finally:
+            eng.runner.cuda_graphs = True
     while eng.has_work():  # (none left when every sequence reached decode in the same step)
         done += eng.step()
     itl = wall / steps

@@ -22,6 +22,10 @@ from . import naive
 Activation = Callable[[torch.Tensor], torch.Tensor] | None
 
 
+def _needs_grad(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+
+
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None = None,
                 activation: Activation = None, lengths: torch.Tensor | None = None):
     """x [B, T, C] new inputs (right-padded); weight [C, W]; state [B, W-1, C] the previous inputs (None: a
@@ -29,7 +33,7 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | Non
     kernel computes SiLU itself; the callable is the mode's, for the CPU and the backward).
 
     Returns (y [B, T, C], new_state [B, W-1, C] = the last W-1 inputs of each row, for the next call)."""
-    if not on_gpu(x) or (state is not None and torch.is_grad_enabled() and x.requires_grad):
+    if not on_gpu(x) or (state is not None and _needs_grad(x, weight)):  # (a carried state is never trained through)
         return naive.causal_conv(x, weight, state, activation, lengths)
     from . import triton as kernels  # lazy: CPU machines have no triton
 
@@ -46,7 +50,7 @@ def causal_conv_slots(x: torch.Tensor, weight: torch.Tensor, states: torch.Tenso
                       activation: Activation = None, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """causal_conv from the carried states of `slots` [B] in the cache's states [S, W-1, C], which are updated
     in place (the CUDA kernels read and write the slots directly: no gather, no scatter). Returns y."""
-    if not on_gpu(x):
+    if not on_gpu(x) or _needs_grad(x, weight):
         y, new = naive.causal_conv(x, weight, states[slots], activation, lengths)
         states[slots] = new.detach().to(states.dtype)
         return y

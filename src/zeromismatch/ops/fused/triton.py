@@ -246,9 +246,9 @@ def gated(x: torch.Tensor, gate: torch.Tensor, act: str) -> torch.Tensor:
     f = x.shape[-1]
     if gate.dim() == 3 and gate.stride(-1) == 1:
         d, sgt, sgh = gate.shape[-1], gate.stride(0), gate.stride(1)
-    else:
+    else:  # x's layout: rows of f elements
         gate = gate.reshape(x.shape).contiguous()
-        d, sgt, sgh = f, gate.stride(0) if gate.dim() > 1 else f, 0
+        d, sgt, sgh = f, f, 0
     out = torch.empty_like(x)
     n = x.numel()
     if n:
