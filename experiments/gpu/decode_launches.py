@@ -3,7 +3,8 @@
 torch op that launches a kernel (views and metadata ops left out) plus every Triton launch, per numerics mode.
 A machine-independent count of what a decode step asks of the GPU (a graph replays the same launches).
 
-    TRITON_INTERPRET=1 PYTHONPATH=src python experiments/gpu/decode_launches.py --out FILE.json [--model tiny]
+    TRITON_INTERPRET=1 PYTHONPATH=src python experiments/gpu/decode_launches.py --out FILE.json \
+        [--model tiny] [--layers N] [--eager]
 """
 
 import argparse
@@ -63,9 +64,13 @@ class Launches(TorchDispatchMode):
         return super().__exit__(*exc)
 
 
-def decode_step_launches(model_name: str, mode: str, seqs: int = 2) -> collections.Counter:
-    model = build_model(model_name, mode, seed=1).eval()
-    eng = Engine(model, max_slots=seqs + 2, max_batched_tokens=256, max_model_len=256, cuda_graphs=False)
+def decode_step_launches(model_name: str, mode: str, seqs: int = 2, graphs: bool = True,
+                         **overrides) -> collections.Counter:
+    """graphs=True: the GPU's decode path, the CUDA-graph runner's bucketed step (run without capture: a replay
+    launches the same kernels) with the device sampler; False: the eager step with the host sampler."""
+    model = build_model(model_name, mode, seed=1, **overrides).eval()
+    eng = Engine(model, max_slots=seqs + 2, max_batched_tokens=256, max_model_len=256, cuda_graphs=graphs,
+                 device_sampling=graphs)
     for i in range(seqs):
         eng.add_request(list(range(3 + i, 40 + i)), SamplingParams(max_new_tokens=8, seed=i))
     with torch.no_grad():
@@ -82,11 +87,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--modes", default="stock,bi,bi_chunk")
+    ap.add_argument("--eager", action="store_true", help="the eager step with the host sampler instead")
+    ap.add_argument("--layers", type=int, default=None, help="the preset with this many layers (its layer pattern)")
     args = ap.parse_args()
-    out = {"model": args.model, "modes": {}}
+    overrides = {} if args.layers is None else {"num_hidden_layers": args.layers}
+    path = "eager, host sampler" if args.eager else "graph runner, device sampler"
+    out = {"model": args.model, **overrides, "path": path, "modes": {}}
     with emulate_gpu_arithmetic():
         for mode in args.modes.split(","):
-            c = decode_step_launches(args.model, mode)
+            c = decode_step_launches(args.model, mode, graphs=not args.eager, **overrides)
             out["modes"][mode] = {"launches": sum(c.values()),
                                   "triton": sum(v for k, v in c.items() if k.startswith("triton.")),
                                   "by_op": dict(c.most_common())}

@@ -107,10 +107,16 @@ class BatchCacheView:
             dst[self.slots] = t.detach().to(dst.dtype)
 
     def write_kv(self, layer_idx, k, v, layout: SeqLayout) -> None:
+        """k, v [N, Hkv, D] of the call's new tokens into their blocks. Every attention layer writes the same rows:
+        the row of each token in the flattened [blocks * 64] cache is computed once per call, so a layer's write
+        is one indexed copy per tensor."""
+        rows = layout.once("kv_rows", lambda: self._rows(layout))
+        for cache, x in ((self.s.k[layer_idx], k), (self.s.v[layer_idx], v)):
+            cache.view(-1, *cache.shape[2:]).index_copy_(0, rows, x.detach().to(cache.dtype))
+
+    def _rows(self, layout: SeqLayout) -> torch.Tensor:
         pos = layout.positions
-        blocks = self.tables[layout.seq_index, pos // BLOCK_SIZE]
-        self.s.k[layer_idx][blocks, pos % BLOCK_SIZE] = k.detach().to(self.s.k[layer_idx].dtype)
-        self.s.v[layer_idx][blocks, pos % BLOCK_SIZE] = v.detach().to(self.s.v[layer_idx].dtype)
+        return self.tables[layout.seq_index, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
 
     def read_kv(self, layer_idx, layout: SeqLayout):
         """[B, nb*64, Hkv, D] per sequence, nb the blocks of layout.max_ctx (the table holds at least nb columns).

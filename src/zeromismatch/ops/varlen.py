@@ -8,7 +8,8 @@ cache). Linear layers work on packed rows; the sequence mixers (conv, GDN, atten
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -48,6 +49,7 @@ class SeqLayout:
     max_ctx: int  # an upper bound of max_b (start_pos_b + n_b): the longest context any op must cover
     start_host: list[int] | None = None  # start_pos on the host (None: a decode layout of device buffers)
     payload: torch.Tensor | None = None  # the caller's int64 metadata, moved in the same transfer
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # see once()
 
     @classmethod
     def build(cls, cu_seqlens, start_pos=None, device=None, max_ctx: int | None = None,
@@ -95,6 +97,15 @@ class SeqLayout:
                    torch.ones(b, 1, dtype=torch.bool, device=dev), ar, ar, torch.arange(b + 1, device=dev, dtype=torch.int32),
                    max_ctx, None)
 
+    def once(self, key: str, compute: Callable[[], Any]) -> Any:
+        """A value derived from this layout, computed by the first op of a forward call that asks and shared by
+        the call's layers (attention's padded positions, the KV cache rows, bi_chunk's open-chunk offsets). The
+        model's forward empties the memo when a call starts: a layout whose device buffers are refilled between
+        calls (the CUDA-graph runner's) recomputes it in every call, inside the capture."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
+
     @property
     def num_seqs(self) -> int:
         return len(self.cu_seqlens) - 1
@@ -116,9 +127,13 @@ class SeqLayout:
 
     @property
     def padded_positions(self) -> torch.Tensor:
-        """[B, L] absolute positions, -1 at padding."""
-        ar = torch.arange(self.valid.shape[1], device=self.valid.device)
-        return torch.where(self.valid, self.start_pos[:, None] + ar[None, :], -1)
+        """[B, L] absolute positions, -1 at padding (once per call)."""
+
+        def compute():
+            ar = torch.arange(self.valid.shape[1], device=self.valid.device)
+            return torch.where(self.valid, self.start_pos[:, None] + ar[None, :], -1)
+
+        return self.once("padded_positions", compute)
 
     @property
     def unpadded(self) -> bool:

@@ -16,6 +16,7 @@ Weights travel only through the weight-sync group, never inside a batch or a sta
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
 import socket
@@ -58,6 +59,9 @@ def _start(cfg_dict: dict):
         # Ray lists only the GPUs it gave this actor in CUDA_VISIBLE_DEVICES: the first is cuda:0 here, whatever
         # index the driver's config names
         cfg.device = "cuda:0"
+    # a native crash (SIGSEGV / SIGABRT) dumps every Python thread's stack into the worker's log, not just the
+    # crashing thread's (Ray enables the current thread only; a crash in a native thread then shows none)
+    faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)  # one intra-op thread per actor, as the threaded runner (runner.py says why)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

@@ -340,6 +340,7 @@ class Qwen35ForCausalLM(nn.Module):
             cu_seqlens = [0, input_ids.shape[0]]
         if layout is None:
             layout = SeqLayout.build(cu_seqlens, start_pos, input_ids.device)
+        layout.memo.clear()  # what the layers share is computed in this call (a graph's layout is refilled per step)
         ctx = ForwardContext(layout, cache, tap)
         nx = self.numerics
         h = self.model.embed_tokens(input_ids)

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_math import silu
+
 BLOCK_T, BLOCK_C = 16, 128
 
 
@@ -48,7 +50,7 @@ def _conv_kernel(x_ptr, w_ptr, st_ptr, slot_ptr, y_ptr, T, C, sx_b, sx_t, ss_n, 
         else:
             acc = (acc + p).to(ty).to(tl.float32)
     if SILU:
-        acc = acc / (1.0 + tl.exp(-acc))
+        acc = silu(acc)
     tl.store(y_ptr + (b * T + t[:, None]) * C + c[None, :], acc.to(ty), mask=tm[:, None] & cm[None, :])
 
 

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_math import sigmoid, silu
+
 
 def _layout(d: int) -> tuple[int, int]:
     """(rows a program, block width): from the row length alone (bits depend on it)."""
@@ -79,7 +81,7 @@ def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, o_ptr, n_rows, stride_x, stride_
         wy = w[None, :] * y
         if ROUND_WY:  # weight * y in the activation dtype (both are), as torch computes it
             wy = wy.to(out_ty).to(tl.float32)
-        o = wy * (z / (1.0 + tl.exp(-z)))
+        o = wy * silu(z)
         tl.store(o_ptr + r64[:, None] * D + c[None, :], o.to(out_ty), mask=m)
 
 
@@ -101,7 +103,7 @@ def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, n, HV, st
     l1p = tl.where(w == 1.0, u, tl.log(w) * (u / (w - 1.0)))
     sp = tl.where(x > 20.0, x, l1p)
     tl.store(g_ptr + e, -tl.exp(alog) * sp, mask=m)
-    tl.store(beta_ptr + e, 1.0 / (1.0 + tl.exp(-b)), mask=m)
+    tl.store(beta_ptr + e, sigmoid(b), mask=m)
 
 
 @triton.jit(do_not_specialize=["n_rows", "heads", "stride_a", "stride_b"])
@@ -142,9 +144,9 @@ def _gated_kernel(x_ptr, g_ptr, o_ptr, n, F, D, stride_gt, stride_gh, SILU: tl.c
     x = tl.load(x_ptr + e, mask=m, other=0.0).to(tl.float32)
     ty = o_ptr.dtype.element_ty
     if SILU:
-        a = g / (1.0 + tl.exp(-g))
+        a = silu(g)
     else:
-        a = 1.0 / (1.0 + tl.exp(-g))
+        a = sigmoid(g)
     tl.store(o_ptr + e, (a.to(ty).to(tl.float32) * x).to(ty), mask=m)
 
 

@@ -97,10 +97,11 @@ def _cached_triton(mixed, g, beta, heads: GDNHeads, layout: SeqLayout, view: GDN
 
     store, slots = view.gdn_slots(layer_idx)
     q, k, v, gg, bb = heads.prepare_packed(mixed, g, beta, layout)
-    r = layout.start_pos % CHUNK  # rows already in the open chunk
-    if layout.decode_only:
-        return chunk_decode_triton(q[:, :, 0], k[:, :, 0], v[:, :, 0], gg[:, :, 0], bb[:, :, 0], slots, r, store,
+    if layout.decode_only:  # the rows already in each open chunk, as the kernel reads them (once per call)
+        r32 = layout.once("open_chunk_rows_i32", lambda: (layout.start_pos % CHUNK).to(torch.int32))
+        return chunk_decode_triton(q[:, :, 0], k[:, :, 0], v[:, :, 0], gg[:, :, 0], bb[:, :, 0], slots, r32, store,
                                    dots=dots)
+    r = layout.start_pos % CHUNK  # rows already in the open chunk
     b, hv, width_new = q.shape[0], q.shape[1], q.shape[2]
     n = layout.lengths
     # one chunk past the last token (the new open chunk); from the host's start positions and lengths

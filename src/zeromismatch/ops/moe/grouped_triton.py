@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_math import silu
 from . import routing
 
 # (BM, BN, BK, warps, stages) by dtype: shapes-only configs (untuned first picks; tests/gpu and benchmarks/moe.py)
@@ -88,7 +89,7 @@ def _grouped_kernel(a_ptr, a_rows_ptr, w_ptr, out_ptr, out_rows_ptr, scale_ptr, 
             tl.store(gu_ptrs, g, mask=omask)
             tl.store(gu_ptrs + N, u, mask=omask)
         gf = g.to(tl.float32)
-        y = (gf / (1.0 + tl.exp(-gf))) * u.to(tl.float32)
+        y = silu(gf) * u.to(tl.float32)
     elif EPI == 2:
         s = tl.load(scale_ptr + offs_m, mask=mmask, other=0.0).to(tl.float32)
         y = acc.to(dt).to(tl.float32) * s[:, None]
