@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import sys
 import threading
 
 import numpy as np
@@ -104,9 +103,6 @@ def interpreted(module: str):
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        helpers = sys.modules.get("zeromismatch.ops.triton_math")
-        if helpers is not None and not isinstance(helpers.silu, interp.InterpretedFunction):
-            importlib.reload(helpers)  # the shared jit helpers a kernel module binds at import, decorated here too
         with emulate_gpu_arithmetic():
             yield importlib.import_module(module)
     finally:
