@@ -31,9 +31,9 @@ from triton.runtime.errors import OutOfResources
 
 from ..autograd import backward_through
 from ..device import configure_cuda
+from ..triton_math import EXACT  # no compiler-chosen multiply-add contraction: the same ops in every config
 from .reference import BLOCK, sdpa_attention
 
-_OPTS = dict(enable_fp_fusion=False)  # no compiler-chosen multiply-add contraction: the same ops in every config
 
 # launch settings (rows per tile, warps, pipeline stages); tests/gpu checks every one gives the same bits
 PREFILL = dict(rows=128, num_warps=8, num_stages=2)  # H100, 16 / 4 heads x 256: 0.51 ms vs 64 rows 0.74 (4 warps)
@@ -127,7 +127,7 @@ def attention_fwd(q, k, v, q_pos, scale: float, rows: int | None = None, num_war
                 o.stride(0), o.stride(2), o.stride(1), q_pos.stride(0),
                 D=dh, DP=max(16, triton.next_power_of_2(dh)), REP=rep, QT=qt, BM=_rows(qt, rep), BN=BLOCK,
                 PREC="ieee" if q.dtype == torch.float32 else "tf32",
-                num_warps=warps, num_stages=stages, **_OPTS)
+                num_warps=warps, num_stages=stages, **EXACT)
         except OutOfResources:
             continue
         _FITS[key] = (n_rows, stages)

@@ -74,4 +74,4 @@ def sdpa_attention(q, k, v, q_pos, scale, causal: bool = False):
     mask = mask | (q_pos[:, :, None] < 0)  # padded queries: attend anywhere, avoid NaN rows
     qf = q.reshape(b, hkv, rep * tq, d)  # query head h reads KV head h // rep (repeat_interleave's order)
     o = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask.repeat(1, rep, 1)[:, None], scale=scale)
-    return o.view(b, hq, tq, d)
+    return o.reshape(b, hq, tq, d)  # SDPA's fp32 backends may return a transposed layout: a copy then

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_math import silu
+from ..triton_math import EXACT, silu
 
 BLOCK_T, BLOCK_C = 16, 128
 
@@ -103,7 +103,7 @@ def conv(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor | None, slo
         _conv_kernel[grid](x, weight.contiguous(), st, slots if slots is not None else x, y, t, c,
                            x.stride(0), x.stride(1), st.stride(0), st.stride(1) if states is not None else 0,
                            W=width, HAS_STATE=states is not None, HAS_SLOTS=slots is not None, SILU=silu,
-                           BT=BLOCK_T, BC=BLOCK_C, num_warps=4)
+                           BT=BLOCK_T, BC=BLOCK_C, num_warps=4, **EXACT)
     return y
 
 
@@ -123,5 +123,5 @@ def next_state(x: torch.Tensor, width: int, states: torch.Tensor | None, slots: 
             x.stride(0), x.stride(1), st.stride(0), st.stride(1) if states is not None else 0,
             out.stride(0), out.stride(1), W=width, WP=triton.next_power_of_2(width - 1),
             HAS_STATE=states is not None, HAS_SLOTS=slots is not None, HAS_LEN=lengths is not None,
-            OUT_AT_SLOTS=out is states, BC=BLOCK_C, num_warps=4)
+            OUT_AT_SLOTS=out is states, BC=BLOCK_C, num_warps=4, **EXACT)
     return out

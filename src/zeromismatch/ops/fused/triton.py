@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_math import sigmoid, silu
+from ..triton_math import EXACT, sigmoid, silu
 
 
 def _layout(d: int) -> tuple[int, int]:
@@ -194,7 +194,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if n:
         rows, block_d = _layout(d)
         _rms_norm_kernel[(triton.cdiv(n, rows),)](xr, weight, out, n, heads, sa, sb, d, eps,
-                                                  ROWS=rows, BLOCK_D=block_d, num_warps=4)
+                                                  ROWS=rows, BLOCK_D=block_d, num_warps=4, **EXACT)
     return out
 
 
@@ -209,7 +209,7 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
         rows, block_d = _layout(d)
         round_wy = torch.promote_types(weight.dtype, z.dtype) == z.dtype and z.dtype != torch.float32
         _gated_rms_norm_kernel[(triton.cdiv(n, rows),)](x2, z2, weight, out, n, x2.stride(0), z2.stride(0), d, eps,
-                                                        ROWS=rows, BLOCK_D=block_d, ROUND_WY=round_wy, num_warps=4)
+                                                        ROWS=rows, BLOCK_D=block_d, ROUND_WY=round_wy, num_warps=4, **EXACT)
     return out.reshape(z.shape)
 
 
@@ -223,7 +223,7 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: to
     if n:
         block = 1024
         _gdn_gates_kernel[(triton.cdiv(n, block),)](a, b, a_log, dt_bias, g, beta, n, hv, a.stride(0), b.stride(0),
-                                                    BLOCK=block, num_warps=4)
+                                                    BLOCK=block, num_warps=4, **EXACT)
     return g, beta
 
 
@@ -237,7 +237,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
         block_h = triton.next_power_of_2(half)
         rows = max(1, 512 // block_h)
         _rope_kernel[(triton.cdiv(n, rows),)](xr, positions, cos, sin, out, n, heads, sa, sb, d, half,
-                                              ROWS=rows, BLOCK_H=block_h, BLOCK_D=64, num_warps=4)
+                                              ROWS=rows, BLOCK_H=block_h, BLOCK_D=64, num_warps=4, **EXACT)
     return out
 
 
@@ -256,7 +256,7 @@ def gated(x: torch.Tensor, gate: torch.Tensor, act: str) -> torch.Tensor:
     if n:
         block = 1024
         _gated_kernel[(triton.cdiv(n, block),)](x, gate, out, n, f, d, sgt, sgh, SILU=act == "silu", BLOCK=block,
-                                                 num_warps=4)
+                                                 num_warps=4, **EXACT)
     return out
 
 
@@ -273,6 +273,6 @@ def qk_l2norm(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch
             rows, block_d = _layout(d)
             _l2norm_heads_kernel[(triton.cdiv(n, rows),)](x, out, n, h, t, x.stride(0), x.stride(1), x.stride(2), d,
                                                           d ** -0.5, REP=rep, SCALE=scaled, ROWS=rows,
-                                                          BLOCK_D=block_d, num_warps=4)
+                                                          BLOCK_D=block_d, num_warps=4, **EXACT)
         outs.append(out)
     return outs[0], outs[1]

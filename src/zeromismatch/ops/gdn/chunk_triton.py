@@ -54,10 +54,8 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..device import configure_cuda, num_sms
+from ..triton_math import EXACT  # no compiler-chosen multiply-add contraction: ops round as written
 from .constants import CHUNK, CHUNK_DOTS, DEFAULT_CHUNK_DOTS
-
-# no compiler-chosen multiply-add contraction: elementwise ops round as written, in every kernel alike
-_OPTS = dict(enable_fp_fusion=False)
 
 
 # ----------------------------------------------------------------------------------- shared row arithmetic
@@ -265,9 +263,9 @@ def chunk_fwd_triton(q, k, v, g, beta, state, return_rows: bool = False, dots: s
     if b * h and n:
         _launch("prep", _prep_kernel, lambda bv: (n, b * h), q, k, v, g, beta, w, u0, qk, qd, kd, gl, tm, t, K=dk, V=dv,
                 C=CHUNK, STORE_T=return_rows, DOTS=dots, WHOLE_TILE=WHOLE_TILE_SUBSTITUTION and dots != "ieee",
-                **_OPTS)
+                **EXACT)
         _launch("scan", _scan_kernel, lambda bv: (dv // bv, b * h), w, u0, qk, qd, kd, gl, s0, o, states, u, t, K=dk,
-                V=dv, C=CHUNK, STORE_STATES=True, STORE_U=return_rows, DOTS=dots, **_OPTS)
+                V=dv, C=CHUNK, STORE_STATES=True, STORE_U=return_rows, DOTS=dots, **EXACT)
     else:
         states[:, :, 0] = s0
     if return_rows:
@@ -478,11 +476,11 @@ def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, dots: str = D
         scr = torch.empty(n, hv, 3 * CHUNK + 2 * kp, device=q.device, dtype=torch.float32)
         _launch("chain", _decode_chain_kernel, lambda bv: (n, hv), q, k, v, g, beta, o, slots.contiguous(),
                 pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"], cache["cg"], cache["cb"],
-                cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, KP=kp, **_OPTS)
+                cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, KP=kp, **EXACT)
     elif n:
         split = DECODE_VSPLIT or min(max(1, num_sms(q.device) // (n * hv)), triton.cdiv(dv, BV_MAX["decode"]))
         _launch("decode", _decode_kernel, lambda bv: (n, hv, min(split, triton.cdiv(dv, bv))), q, k, v, g,
                 beta, o, slots.contiguous(), pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"],
                 cache["cg"], cache["cb"], cache["ct"], cache["cu"], hv, K=dk, V=dv, C=CHUNK, KP=kp, DOTS=dots,
-                VSPLIT=split, **_OPTS)
+                VSPLIT=split, **EXACT)
     return o

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_math import EXACT
+
 
 @triton.jit(do_not_specialize=["n_rows", "stride_row"])
 def _row_reduce_kernel(x_ptr, out_ptr, n_rows, D, stride_row, SQUARE: tl.constexpr, MEAN: tl.constexpr,
@@ -51,7 +53,7 @@ def _row_reduce_raw(x: torch.Tensor, square: bool, mean: bool) -> torch.Tensor:
     if n:
         rows, block_d, warps = _layout(d)
         _row_reduce_kernel[(triton.cdiv(n, rows),)](
-            x2, out, n, d, x2.stride(0), SQUARE=square, MEAN=mean, ROWS=rows, BLOCK_D=block_d, num_warps=warps
+            x2, out, n, d, x2.stride(0), SQUARE=square, MEAN=mean, ROWS=rows, BLOCK_D=block_d, num_warps=warps, **EXACT
         )
     return out.to(x.dtype).reshape(*x.shape[:-1], 1)
 
