@@ -314,13 +314,13 @@ class Engine:
     def _append_samples(self, seqs: list[Sequence], tokens: list[int], logprobs: torch.Tensor) -> list[Sequence]:
         """Append each sampled token; returns the sequences this token finished."""
         finished = []
-        for i, (s, tok) in enumerate(zip(seqs, tokens)):
+        # fp32 values as Python floats (exact both ways): one conversion a step, not a tensor view per row
+        for s, tok, lp in zip(seqs, tokens, logprobs.tolist()):
             s.tokens.append(tok)
             s.generated.append(tok)
-            s.logprobs.append(logprobs[i : i + 1])  # a view of this step's host tensor
+            s.logprobs.append(lp)
             s.versions.append(self.version)
             s.mixed_versions |= s.stale_cache
-            self.stats["tokens_generated"] += 1
             turn_len = len(s.generated) - s.turn_start
             if tok in s.params.stop_token_ids:
                 s.finish_reason = "stop"
@@ -328,6 +328,7 @@ class Engine:
                 s.finish_reason = "length"
             if s.finish_reason:
                 finished.append(s)
+        self.stats["tokens_generated"] += len(seqs)
         return finished
 
     def _retire(self, s: Sequence) -> GenerationOutput:
@@ -341,12 +342,12 @@ class Engine:
         return self._output(s)
 
     def _output(self, s: Sequence) -> GenerationOutput:
-        lp = torch.cat(s.logprobs[s.turn_start :]).to(self.device)
+        lp = torch.tensor(s.logprobs[s.turn_start :], dtype=torch.float32).to(self.device)
         return GenerationOutput(
             s.request_id,
             s.prompt_ids,
             list(s.generated),
-            torch.cat(s.logprobs).tolist(),
+            list(s.logprobs),
             list(s.versions),
             s.admission_version,
             s.finish_reason,

@@ -29,16 +29,16 @@ class Work:
 def schedule(running: list, max_batched_tokens: int, max_seqs: int, prefill: bool = True) -> list[Work]:
     work: list[Work] = []
     budget = max_batched_tokens
-    pending = [s for s in running if s.num_uncomputed > 0]
-    for s in pending:
-        if s.num_uncomputed == 1 and len(work) < max_seqs:
+    pending = [(s, s.num_uncomputed) for s in running]
+    for s, left in pending:
+        if left == 1 and len(work) < max_seqs:
             work.append(Work(s, 1))
             budget -= 1
-    for s in pending if prefill else ():
-        if s.num_uncomputed == 1 or len(work) >= max_seqs or budget <= 0:
+    for s, left in pending if prefill else ():
+        if left <= 1 or len(work) >= max_seqs or budget <= 0:
             continue
-        n = min(s.num_uncomputed, budget)
-        if n < s.num_uncomputed:  # cut by the budget: stop at a block boundary
+        n = min(left, budget)
+        if n < left:  # cut by the budget: stop at a block boundary
             end = (s.num_computed + n) // BLOCK_SIZE * BLOCK_SIZE
             if end <= s.num_computed:
                 continue

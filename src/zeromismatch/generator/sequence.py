@@ -38,7 +38,7 @@ class Sequence:
     slot: int = -1  # -1: holds no cache (waiting, preempted, or released)
     block_table: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
-    logprobs: list[torch.Tensor] = field(default_factory=list)  # one fp32 [1] host tensor per generated token
+    logprobs: list[float] = field(default_factory=list)  # each generated token's fp32 logprob (exact as a float)
     versions: list[int] = field(default_factory=list)
     turn_start: int = 0  # index into `generated` where the current turn starts
     looked_up: bool = False

@@ -16,6 +16,8 @@ argmax of the logits plus Gumbel noise draws j with probability softmax(x)_j res
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .device import on_gpu
@@ -31,9 +33,15 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _seed_word(seed: int) -> int:
+    """A request's seed mixed once (every token of the request reuses it: a decode step keys every row)."""
+    return _splitmix64(seed & MASK64)
+
+
 def row_key(seed: int, position: int) -> tuple[int, int]:
     """(k1, k2): the two 32-bit words of a row's key."""
-    x = _splitmix64(_splitmix64(seed & MASK64) ^ (position & MASK64))
+    x = _splitmix64(_seed_word(seed) ^ (position & MASK64))
     return x & MASK32, x >> 32
 
 
