@@ -36,7 +36,7 @@ def _stub_runner(eng: Engine) -> None:
 def host_us_per_step(c: int, steps: int, repeats: int, prompt: int = 128) -> float:
     model = build_model("tiny", "stock", seed=1).eval()
     best = float("inf")
-    for r in range(repeats):
+    for _ in range(repeats):
         eng = Engine(model, max_slots=c + 2, max_batched_tokens=c * prompt + 64, max_model_len=prompt + steps + 64,
                      device_sampling=True)
         _stub_runner(eng)

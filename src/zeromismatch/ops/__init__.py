@@ -7,7 +7,7 @@ imported lazily (CPU machines have no triton) and are tested against the torch f
 - reduce/        row-count-invariant row reductions (norms)
 - fused/         norms, GDN gates and q / k l2 norm, RoPE, act(gate) * x: one row-invariant CUDA kernel each
 - activations.py batch-invariant sigmoid / silu / softplus
-- triton_math.py the Triton kernels' shared sigmoid / silu (jit helpers)
+- triton_math.py what the Triton kernels share: the EXACT launch option (no FMA contraction), sigmoid / silu
 - conv/          causal depthwise conv: one implementation for the full sequence and the one-token step
 - gdn/           gated delta rule: the reference forms, one backend per GDN form, the Triton kernels
 - attention/     causal GQA attention: a batch-invariant blocked form and the stock SDPA form

@@ -209,7 +209,8 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
         rows, block_d = _layout(d)
         round_wy = torch.promote_types(weight.dtype, z.dtype) == z.dtype and z.dtype != torch.float32
         _gated_rms_norm_kernel[(triton.cdiv(n, rows),)](x2, z2, weight, out, n, x2.stride(0), z2.stride(0), d, eps,
-                                                        ROWS=rows, BLOCK_D=block_d, ROUND_WY=round_wy, num_warps=4, **EXACT)
+                                                        ROWS=rows, BLOCK_D=block_d, ROUND_WY=round_wy, num_warps=4,
+                                                        **EXACT)
     return out.reshape(z.shape)
 
 
