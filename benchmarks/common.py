@@ -107,6 +107,12 @@ def bench(fn, warmup: int = 10, rep: int = 40) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def matmul_tflops(n: int = 8192) -> float:
+    """This GPU's measured dense bf16 matmul rate (TFLOP/s): an n x n x n torch.matmul, median of `bench`."""
+    a, b = rand(n, n, seed=1), rand(n, n, seed=2)
+    return 2 * n**3 / (bench(lambda: a @ b, warmup=20, rep=100) * 1e-3) / 1e12
+
+
 def bench_graph(fns, reps: int = 8) -> float:
     """GPU ms per call: the calls fns[0..n-1] (rotating over distinct inputs, more bytes than the L2) captured
     `reps` times in one CUDA graph and replayed, so the host's launch overhead is excluded."""

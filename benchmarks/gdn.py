@@ -3,17 +3,19 @@ trainer; K = V = 128 unless named).
 
 - recurrent (bi; ops/gdn/recurrent_triton.py): the 8 x 4096-token forward; one decode step (CUDA-graph replay
   over 4 rotating caches, and eager) vs the fp32 state read + write floor (a copy of the 64 states)
-- chunk_decode (bi_chunk; ops/gdn/chunk_triton.py): the fused decode step at open-chunk positions 0, 31, 63
+- chunk_decode (bi_chunk; ops/gdn/decode_triton.py): the decode step at open-chunk positions 0, 31, 63
   (63 closes the chunk and writes the state) vs the same floor, and its mean over the 64 positions of a chunk,
-  for each arithmetic (tf32: the dot kernel; ieee: the chain kernel, and the dot kernel); the step at K = V = 96
-  (padded to 128 for the keys); recomputing the zero-padded open chunk with the chunked forward instead
+  for each arithmetic and kernel (tf32: the split pair, the one-program dot kernel; ieee: the chain kernel, and
+  the dot kernel); the step at K = V = 96 (padded to 128 for the keys); recomputing the zero-padded open chunk
+  with the chunked forward instead
 - chunk_train: the chunked forward (tf32 and ieee) vs the recurrent kernel vs torch's fp32 chunked form (not
   invariant)
 - chunk_grad: forward + backward of the chunked form the trainer differentiates (ops/gdn/autograd.py
   chunk_reference) with its scan over chunks as the torch loop vs the Triton kernel pair (scan_triton.py, tf32
   and ieee), one sequence of 4096 tokens and all 8 packed; the tf32 gradient's relative error against ieee
-- settings: the tf32 kernels' launch settings (decode: warps x value block, at 64 sequences and at one with
-  and without the value split; forward: prep substitution and warps, scan warps and value block)
+- settings: the tf32 kernels' launch settings (decode, at 64 sequences and at one: the dot kernel at its pick,
+  with and without the value split, and the split pair's rows / values warps and value block; forward: prep
+  substitution and warps, scan warps and value block)
 """
 
 import torch
@@ -82,8 +84,8 @@ def chunk_decode():
     from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton, chunk_fwd_triton
 
     r = {}
-    kernels = (("tf32", "dot"), ("ieee", "chain"), ("ieee", "dot"))
-    for dk, dv, variants, positions in ((128, 128, kernels, (0, 31, 63)), (96, 96, kernels[:2], (31,))):
+    kernels = (("tf32", "split"), ("tf32", "dot"), ("ieee", "chain"), ("ieee", "dot"))
+    for dk, dv, variants, positions in ((128, 128, kernels, (0, 31, 63)), (96, 96, kernels[:3:2], (31,))):
         q, k, v, gg, beta = (x[:, :, 0].contiguous() for x in prepared_inputs(N_SEQ, HEADS, 1, dk, dv, seed=5))
         caches = [open_chunk_cache(N_SEQ, HEADS, dk, dv, seed=i) for i in range(4)]
         slots, tag = torch.arange(N_SEQ, device=DEV), f"K{dk}_V{dv}"
@@ -105,7 +107,7 @@ def chunk_decode():
     pq, pk, pv, pg, pb = prepared_inputs(N_SEQ, HEADS, CHUNK, seed=6)
     st0 = open_chunk_cache(N_SEQ, HEADS)["ssm"]
     r["recompute_open_chunk_ms"] = bench_graph([lambda: chunk_fwd_triton(pq, pk, pv, pg, pb, st0)])
-    r["recompute_over_tf32_t31"] = r["recompute_open_chunk_ms"] / r["K128_V128_tf32_dot_t31_ms"]
+    r["recompute_over_tf32_t31"] = r["recompute_open_chunk_ms"] / r["K128_V128_tf32_split_t31_ms"]
     return r
 
 
@@ -179,33 +181,44 @@ def settings():
 
     pristine = {name: t.clone() for name, t in caches[0].items()}  # the timed steps below update caches[0]
 
-    def one_chunk():  # a chunk of decode steps from the same cache: (outputs, final cache) to compare bits
+    def one_chunk(kernel=None):  # a chunk of decode steps from the same cache: (outputs, final cache) to compare bits
         c = {name: t.clone() for name, t in pristine.items()}
-        return [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps], c
+        return [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c, kernel=kernel) for p in steps], c
 
     ref_o, ref_c = one_chunk()
     q1, k1, v1, g1, b1 = (x[:1] for x in (q, k, v, gg, beta))
     caches1 = [{name: t[:1].clone() for name, t in c.items()} for c in caches]
     floor1 = state_floor(caches1)
+    # (kernel, warps, widest value block): the one-program kernel at its pick; the split pair's rows x values
+    # warps and values block
+    decode_settings = [("dot", {"decode": 4}, {"decode": 32})] + [
+        ("split", {"rows": rw, "values": vw}, {"values": vb})
+        for rw, vw, vb in ((4, 4, 32), (2, 4, 32), (8, 4, 32), (4, 2, 32), (4, 2, 16), (4, 4, 16), (4, 4, 64),
+                           (4, 8, 64), (4, 4, 128))]
     try:
-        # 64 sequences: the split that fills the GPU (None: 1 here); one sequence: no split, and the filling one (4)
-        for warps, bv in ((4, 16), (4, 32), (8, 32), (4, 64)):
-            ct.NUM_WARPS["decode"], ct.BV_MAX["decode"] = warps, bv
-            tag = f"decode_w{warps}_bv{bv}"
+        for kernel, warps, bv in decode_settings:
+            ct.NUM_WARPS.update(warps)
+            ct.BV_MAX.update(bv)
+            tag = "_".join([f"decode_{kernel}"] + [f"{n}_w{w}" for n, w in warps.items()] +
+                           [f"{n}_bv{b}" for n, b in bv.items()])
             ct.DECODE_VSPLIT = None
-            o, c = one_chunk()
+            o, c = one_chunk(kernel)
             r[f"{tag}_same_bits"] = all(torch.equal(a, b) for a, b in zip(o, ref_o)) and \
                 all(torch.equal(c[n], ref_c[n]) for n in c)
-            ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c) for p in steps]
-                              for c in caches], reps=2) / CHUNK
+            ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c, kernel=kernel)
+                                           for p in steps] for c in caches], reps=2) / CHUNK
             r[f"{tag}_chunk_mean_ms"], r[f"{tag}_chunk_mean_over_floor"] = ms, ms / floor
-            for vs in (1, None):
+            # one sequence; the dot kernel without the value split and with the one that fills the GPU (4)
+            for vs in ((1, None) if kernel == "dot" else (None,)):
                 ct.DECODE_VSPLIT = vs
-                ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q1, k1, v1, g1, b1, slots[:1], p[:1], c)
+                ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q1, k1, v1, g1, b1, slots[:1], p[:1], c,
+                                                                      kernel=kernel)
                                                for p in steps] for c in caches1], reps=2) / CHUNK
-                split = "fill" if vs is None else vs
-                r[f"{tag}_1seq_vs{split}_chunk_mean_ms"], r[f"{tag}_1seq_vs{split}_chunk_mean_over_floor"] = \
+                split = "" if kernel == "split" else f"_vs{'fill' if vs is None else vs}"
+                r[f"{tag}_1seq{split}_chunk_mean_ms"], r[f"{tag}_1seq{split}_chunk_mean_over_floor"] = \
                     ms, ms / floor1
+            ct.NUM_WARPS.update(saved[0])
+            ct.BV_MAX.update(saved[1])
             log("gdn settings", tag, {k_: v_ for k_, v_ in r.items() if k_.startswith(tag)})
         # one sequence (the trainer's microbatch; the scan has (V / value block) x 32 programs) and two
         combos = [(whole, prep_w, 8, 16) for whole in (False, True) for prep_w in (8, 16)]

@@ -4,10 +4,10 @@ input (packed varlen forward, fp32 lm_head, next-token logprobs: trainer/scoring
 trainer.microbatch_tokens=16384 packs 4 of them), gradients accumulated over the microbatches. For
 qwen3_5_mid and a 9B-shaped model (Qwen3.5-9B's width, --layers_9b of its layers, random weights). Reports
 step ms (median of --reps after one warmup step), its forward / backward split, tokens/s, model FLOPs
-utilization (6 x parameters x tokens, embeddings excluded, lm_head included, against --peak_tflops: the
-measured bf16 matmul rate; the recomputed forward of --activation_checkpointing is not counted) and peak GPU
-memory. The optimizer step is not timed (AdamW: one pass over the
-parameters, the same in every mode)."""
+utilization (6 x parameters x tokens, embeddings excluded, lm_head included; `mfu` against --peak_tflops, the
+bf16 matmul rate measured on the H200, and `mfu_vs_measured` against the rate an 8192^3 bf16 matmul reaches
+on this GPU in the same run; the recomputed forward of --activation_checkpointing is not counted) and peak GPU
+memory. The optimizer step is not timed (AdamW: one pass over the parameters, the same in every mode)."""
 
 import contextlib
 import statistics
@@ -15,7 +15,7 @@ import time
 from unittest import mock
 
 import torch
-from common import DEV, kernel_profile, log, parse_args, write_json
+from common import DEV, kernel_profile, log, matmul_tflops, parse_args, write_json
 from generator import build
 
 MODES = ("stock", "bi", "bi_chunk")
@@ -112,6 +112,7 @@ def main():
     args = parse_args(__doc__, extra_args)
     res = {"setup": {k: getattr(args, k) for k in ("seqs", "seq_len", "microbatch_seqs", "reps", "layers_9b",
                                                     "peak_tflops")}}
+    res["setup"]["matmul_tflops_measured"] = measured = matmul_tflops()
     for name in args.models.split(","):
         model = build(name, args.layers_9b).train()
         for p in model.parameters():
@@ -137,6 +138,7 @@ def main():
                 if args.profile and name == args.models.split(",")[0] and not mode.endswith("_torch_scan"):
                     with open(f"{args.out}/h200_trainer_profile.txt", "a") as f:
                         f.write(kernel_profile(lambda: step(model, [seqs[0]]), mode) + "\n")
+            res[name][mode]["mfu_vs_measured"] = res[name][mode]["mfu"] * args.peak_tflops / measured
             if "stock" in res[name]:
                 res[name][mode]["vs_stock"] = res[name][mode]["step_ms"] / res[name]["stock"]["step_ms"]
             log(name, mode, {k: round(v, 3) for k, v in res[name][mode].items() if isinstance(v, float)})

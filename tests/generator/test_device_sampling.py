@@ -4,6 +4,9 @@ chi-square, the thresholds and negative controls of test_sampling.py), a row's t
 position, logits) alone, and the engine produces the same outputs with it whatever the batch. The Triton form
 is checked against this one and for the same properties on the GPU (tests/gpu/test_gpu_generator.py)."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 from gen_helpers import prompts_of
@@ -187,3 +190,21 @@ def test_mixed_steps_replay_decode_rows_beside_eager_pieces(micro_model, mode):
         for other in (x, y):
             assert other.tokens == alone.tokens, i
             assert torch.equal(other.logprob_tensor, alone.logprob_tensor), i
+
+
+def test_a_dropped_engine_frees_its_graphs_without_the_cycle_collector(micro_model):
+    """An engine's captured graphs hold no reference back to it, so dropping the engine frees them at once (GPU
+    memory back, and no CUDA graph left for Python's cycle collector to destroy at an arbitrary moment, such as
+    during another engine's capture; tests/gpu checks the capture survives that too)."""
+    engine = Engine(micro_model("bi"), max_slots=4, cuda_graphs=True)
+    engine.generate(prompts_of([5, 9]), [SamplingParams(max_new_tokens=3, seed=i) for i in range(2)])
+    assert engine.runner.graphs
+    graph = weakref.ref(next(iter(engine.runner.graphs.values())))
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del engine
+        assert graph() is None, gc.get_referrers(graph())
+    finally:
+        if was_enabled:
+            gc.enable()

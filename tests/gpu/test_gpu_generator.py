@@ -4,6 +4,8 @@ the device, and CUDA-graph decode whose bucket padding changes no real row's bit
 generator parity with graphs and the device sampler on (the engine's CUDA defaults) is test_gpu_parity.py and
 test_gpu_sweep.py. Skipped without CUDA."""
 
+import gc
+
 import pytest
 import torch
 
@@ -106,6 +108,35 @@ def test_graph_bucket_padding_changes_no_bits(mode):
         for other in (together[i], eager[i]):
             assert alone.tokens == other.tokens, (mode, i)
             assert torch.equal(alone.logprob_tensor, other.logprob_tensor), (mode, i)
+
+
+def test_capture_holds_when_the_cycle_collector_would_free_an_old_graph():
+    """An old engine reachable only through a reference cycle, and a new engine capturing while the collector would
+    run (a forward pre-hook collects during capture whenever automatic collection is enabled, as the collector may
+    at any allocation): freeing the old graphs mid-capture would invalidate the capture; the runner keeps the
+    collector off while it captures, and the outputs equal the old engine's."""
+    model = _model("tiny", "bi")
+    prompts, params = _requests(model.config.vocab_size, 2)
+    old = Engine(model, max_slots=4)
+    ref = old.generate(prompts, params)
+    cycle = [old]
+    cycle.append(cycle)
+    del old, cycle
+    collected = []
+
+    def collect_if_enabled(*_):
+        if torch.cuda.is_current_stream_capturing() and gc.isenabled():
+            collected.append(gc.collect())
+
+    hook = model.register_forward_pre_hook(collect_if_enabled)
+    try:
+        new = Engine(model, max_slots=4)
+        out = new.generate(prompts, params)
+    finally:
+        hook.remove()
+    assert new.runner.stats["captures"] > 0 and not collected
+    for a, b in zip(ref, out):
+        assert a.tokens == b.tokens and torch.equal(a.logprob_tensor, b.logprob_tensor)
 
 
 @pytest.mark.parametrize("mode", ["bi", "bi_chunk"])

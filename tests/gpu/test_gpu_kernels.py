@@ -294,7 +294,7 @@ def _prepared_inputs(b, h, t, dk, dv, seed):
     return q, k, v, gg, beta
 
 
-DECODE_KERNELS = [("tf32", "dot"), ("ieee", "chain"), ("ieee", "dot")]  # (arithmetic, decode kernel)
+DECODE_KERNELS = [("tf32", "split"), ("tf32", "dot"), ("ieee", "chain"), ("ieee", "dot"), ("ieee", "split")]  # (arithmetic, kernel)
 
 
 @pytest.mark.parametrize("dots,kernel", DECODE_KERNELS)
@@ -393,7 +393,7 @@ def test_gdn_chunk_decode_kernels_agree(t, dk, dv):
 
 def check_decode_kernels_agree(t, dk, dv, n=6, h=4):
     """In the ieee arithmetic, the loop-chain decode kernel (its default) == the dot decode kernel (the trainer's
-    construct), output and every cache tensor, from random open-chunk rows at position t (relies on tl.dot's fp32 lowering being a
+    construct) == the split pair, output and every cache tensor, from random open-chunk rows at position t (relies on tl.dot's fp32 lowering being a
     fused FMA chain; at K not a power of two the loop's chain is the dot's less its trailing 0 * 0 terms)."""
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn.chunk_triton import chunk_decode_triton
@@ -407,12 +407,13 @@ def check_decode_kernels_agree(t, dk, dv, n=6, h=4):
              "cu": torch.randn(n, h, CHUNK, dv, device=DEV, generator=g)}
     xs = [x[:, :, 0] for x in _prepared_inputs(n, h, 1, dk, dv, 31)]
     slots, pos = torch.arange(n, device=DEV), torch.full((n,), t, device=DEV)
-    a, b = ({k: v.clone() for k, v in cache.items()} for _ in range(2))
+    a, b, c = ({k: v.clone() for k, v in cache.items()} for _ in range(3))
     oa = chunk_decode_triton(*xs, slots, pos, a, dots="ieee", kernel="dot")
     ob = chunk_decode_triton(*xs, slots, pos, b, dots="ieee", kernel="chain")
-    assert torch.equal(oa, ob)
+    oc = chunk_decode_triton(*xs, slots, pos, c, dots="ieee", kernel="split")
+    assert torch.equal(oa, ob) and torch.equal(oa, oc)
     for k in a:
-        assert torch.equal(a[k], b[k]), k
+        assert torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]), k
 
 
 @pytest.mark.parametrize("dk,dv", HEAD_DIMS)
@@ -465,9 +466,11 @@ def test_gdn_chunk_tf32_bits_do_not_depend_on_launch_settings(dk, dv, monkeypatc
     dec_ref = {name: t.clone() for name, t in cache.items()}
     o_ref = ct.chunk_decode_triton(*xs, slots, pos, dec_ref)
     for warps, bv, vsplit, whole in (
-            ({"prep": 4, "scan": 4, "decode": 4}, {"prep": 32, "scan": 32, "decode": 32}, 2, False),
-            ({"prep": 8, "scan": 2, "decode": 2}, {"prep": 16, "scan": 64, "decode": 64}, 1, True),
-            ({"prep": 4}, {}, 3, True), ({"prep": 16}, {"decode": 16}, 8, True)):
+            ({"prep": 4, "scan": 4, "decode": 4, "rows": 8, "values": 2}, {"prep": 32, "scan": 32, "decode": 32,
+                                                                         "values": 64}, 2, False),
+            ({"prep": 8, "scan": 2, "decode": 2, "rows": 2, "values": 8}, {"prep": 16, "scan": 64, "decode": 64,
+                                                                         "values": 16}, 1, True),
+            ({"prep": 4}, {}, 3, True), ({"prep": 16}, {"decode": 16, "values": 128}, 8, True)):
         monkeypatch.setattr(ct, "NUM_WARPS", {**ct.NUM_WARPS, **warps})
         monkeypatch.setattr(ct, "BV_MAX", {**ct.BV_MAX, **bv})
         monkeypatch.setattr(ct, "DECODE_VSPLIT", vsplit)
@@ -475,7 +478,8 @@ def test_gdn_chunk_tf32_bits_do_not_depend_on_launch_settings(dk, dv, monkeypatc
         got = ct.chunk_fwd_triton(q, k, v, gg, beta, s0, return_rows=True)
         for a, b in zip(got, ref):
             assert torch.equal(a, b), warps
-        dec = {name: t.clone() for name, t in cache.items()}
-        assert torch.equal(ct.chunk_decode_triton(*xs, slots, pos, dec), o_ref), warps
-        for name in dec:
-            assert torch.equal(dec[name], dec_ref[name]), (warps, name)
+        for kernel in ("split", "dot"):  # the tf32 kernels: each equal to the default's run before any patch
+            dec = {name: t.clone() for name, t in cache.items()}
+            assert torch.equal(ct.chunk_decode_triton(*xs, slots, pos, dec, kernel=kernel), o_ref), (warps, kernel)
+            for name in dec:
+                assert torch.equal(dec[name], dec_ref[name]), (warps, kernel, name)

@@ -179,9 +179,10 @@ def test_chunk_kernels_substitutions_agree_and_rows_are_prefix_stable_interprete
     assert torch.equal(o_open[:, :, :r], tf32[0][:, :, 64 : 64 + r])
 
 
-@pytest.mark.parametrize("vsplit", [1, 2])
-def test_chunk_decode_kernel_equals_the_chunked_rows_interpreted(chunk_triton, monkeypatch, vsplit):
-    """The tf32 decode kernel's logic, its value columns in one program or split over two: sequences prefilled
+@pytest.mark.parametrize("kernel,vsplit", [("split", None), ("dot", 1), ("dot", 2)])
+def test_chunk_decode_kernel_equals_the_chunked_rows_interpreted(chunk_triton, monkeypatch, kernel, vsplit):
+    """The tf32 decode kernels' logic (the rows + values pair; the one-program kernel, its value columns in one
+    program or split over two): sequences prefilled
     into cache slots (boundary state and open-chunk rows from the chunked forward, as the generator stores them),
     then decoded together token by token across a chunk close, give the chunked forward's rows and final state
     bit for bit (under the sequential-dot emulation; on the GPU, tests/gpu checks the tensor cores' bits); other
@@ -211,8 +212,9 @@ def test_chunk_decode_kernel_equals_the_chunked_rows_interpreted(chunk_triton, m
     for t in range(prefill[0], total):
         live = [i for i, p in enumerate(prefill) if p <= t]
         rows = [x[live, :, t] for x in (q, k, v, gate, beta)]
-        o = chunk_triton.chunk_decode_triton(*rows, slots[live], torch.full((len(live),), t % CHUNK), cache)
-        assert torch.equal(o, o_ref[live, :, t]), (vsplit, t)
+        o = chunk_triton.chunk_decode_triton(*rows, slots[live], torch.full((len(live),), t % CHUNK), cache,
+                                             kernel=kernel)
+        assert torch.equal(o, o_ref[live, :, t]), (kernel, vsplit, t)
     assert torch.equal(cache["ssm"][slots], st_ref[:, :, 1])  # the state after the chunk that closed at 63
     for n, c in untouched.items():
         assert torch.equal(cache[n][[0, 2]], c), n

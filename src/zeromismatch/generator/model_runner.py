@@ -21,6 +21,8 @@ The Engine sees `execute(work) -> logits` and `load_weights(state_dict)`.
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,6 +39,21 @@ GRAPH_BATCH_BUCKETS = tuple(2**i for i in range(14))
 def bucket_of(n: int, buckets: tuple[int, ...]) -> int:
     """The smallest bucket >= n (buckets ascending; n <= the last)."""
     return next(b for b in buckets if b >= n)
+
+
+@contextmanager
+def _no_collection():
+    """Python's cycle collector off for the duration of a capture. An unreachable CUDA graph (an old engine's,
+    in any reference cycle of the process) that the collector frees mid-capture destroys its graph there, which
+    the capturing stream does not permit: the capture fails at its next launch ("operation failed due to a
+    previous error during capture"). Collection resumes afterwards; nothing is lost."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass
@@ -160,9 +177,11 @@ class ModelRunner:
         ids, start, slots, tables = torch.split(meta, [bb, bb, bb, bb * width])
         layout = SeqLayout.decode(start, max_ctx=width * BLOCK_SIZE)
         view = BatchCacheView(self.storage, slots, tables.view(bb, width))
+        model = self.model  # not `self`: a graph that referred back to its runner would be freed only by the
+        # cycle collector, at whatever moment it runs (see _no_collection)
 
         def forward():
-            return self.model(ids, cache=view, layout=layout)
+            return model(ids, cache=view, layout=layout)
 
         if self.device.type != "cuda":  # the same static buffers and padding, run without capture (CPU checks)
             self.graphs[(bb, width)] = g = _DecodeGraph(meta, forward, None, None)
@@ -178,7 +197,7 @@ class ModelRunner:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             # thread_local: a trainer thread of the same process may use the GPU meanwhile (threaded RL)
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            with _no_collection(), torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 logits = forward()
         self.graphs[(bb, width)] = g = _DecodeGraph(meta, forward, graph, logits)
         self.stats["captures"] += 1

@@ -28,15 +28,15 @@ product A @ T at step i, whose row i is that dot's).
 Kernels:
 - `_prep_kernel`: one program per (chunk, sequence-head); no state dependency, so all chunks in parallel.
 - `_scan_kernel`: one program per (value block, sequence-head), sequential over the chunks, state in registers.
-- the decode step: one token for a batch of sequences, one program per (sequence, head) (the "dot" kernel:
-  DECODE_VSPLIT programs, each its share of the value blocks), state and the open chunk's rows read and
-  written in place in the generator's cache slots. It reads the fp32 state once and
-  writes it only when the chunk closes (every 64 tokens); the open chunk's rows (k, v, g, beta, T, u) are
-  cached so no earlier row is recomputed. Two kernels: `_decode_kernel` ("dot": the trainer's construct, its
-  operand in row 0 of 16-row tiles, either arithmetic) and `_decode_chain_kernel` ("chain", "ieee" only and its
-  default there: each chain a loop of tl.fma, no padding, 5x faster than "dot" in ieee; equal to it because
-  tl.dot's fp32 lowering is a fused-multiply-add chain, which tests/gpu checks on every GPU run
-  (test_gdn_chunk_decode_kernels_agree; results/gpu/README.md)).
+- the decode step (decode_triton.py): one token for a batch of sequences, the state and the open chunk's rows
+  read and written in place in the generator's cache slots. It reads the fp32 state once and writes it only when
+  the chunk closes (every 64 tokens); the open chunk's rows (k, v, g, beta, T, u) are cached so no earlier row is
+  recomputed. Three kernels, one construct (the operand in row 0 of 16-row tiles): "split" (DECODE_KERNEL's
+  pick for tf32: a rows kernel per (sequence, head) for the key side, then a values kernel per (sequence, head,
+  value block)); "dot" (both sides in one program per (sequence, head), or DECODE_VSPLIT programs each
+  recomputing the key side); "chain" ("ieee" only and its default there: each chain a loop of tl.fma, no
+  padding, 5x faster than "dot" in ieee; equal to it because tl.dot's fp32 lowering is a fused-multiply-add
+  chain, which tests/gpu checks on every GPU run (test_gdn_chunk_decode_kernels_agree; results/gpu/README.md)).
 
 Any head size: tl.arange and tl.dot need power-of-two extents (>= 16 for a dot). The chunked forward zero-pads
 K to KP (the next power of two, >= 16) and V to a multiple of 16 before the kernels; the decode kernels read
@@ -56,46 +56,8 @@ from triton.runtime.errors import OutOfResources
 from ..device import configure_cuda, num_sms
 from ..triton_math import EXACT  # no compiler-chosen multiply-add contraction: ops round as written
 from .constants import CHUNK, CHUNK_DOTS, DEFAULT_CHUNK_DOTS
-
-
-# ----------------------------------------------------------------------------------- shared row arithmetic
-
-
-@triton.jit
-def _as_row16(x):
-    """[N] -> [16, N] with x in row 0 and zeros below (the smallest M tl.dot takes)."""
-    r16 = tl.arange(0, 16)
-    return tl.where(r16[:, None] == 0, x[None, :], 0.0)
-
-
-@triton.jit
-def _row(m, i, M: tl.constexpr):
-    """Row i of an [M, N] register tile (exact: one non-zero term per sum)."""
-    rows = tl.arange(0, M)
-    return tl.sum(tl.where(rows[:, None] == i, m, 0.0), axis=0)
-
-
-@triton.jit
-def _at(x, i, N: tl.constexpr):
-    """x[i] of an [N] register vector (exact)."""
-    return tl.sum(tl.where(tl.arange(0, N) == i, x, 0.0), axis=0)
-
-
-@triton.jit
-def _cum_log_decay(g, C: tl.constexpr):
-    """G[t] = g[0] + ... + g[t], as the FMA chain of lower-ones @ g (rows past the last token add exact zeros)."""
-    rows = tl.arange(0, C)
-    lower = (rows[None, :] <= rows[:, None]).to(tl.float32)
-    gm = tl.dot(lower, tl.broadcast_to(g[:, None], (C, 16)), input_precision="ieee")
-    c16 = tl.arange(0, 16)
-    return tl.sum(tl.where(c16[None, :] == 0, gm, 0.0), axis=1)
-
-
-@triton.jit
-def _tri_row(a, tm, DOTS: tl.constexpr):
-    """Row i of T = (I + A)^-1 from A's row i (zero at and past i) and T's rows < i (zero rows past them):
-    -(a @ T), the diagonal set to 1 by the caller."""
-    return -_row(tl.dot(_as_row16(a), tm, input_precision=DOTS), 0, 16)
+from .decode_triton import _decode_chain_kernel, _decode_kernel, _decode_rows_kernel, _decode_values_kernel
+from .rows_triton import at, cum_log_decay, row, tri_row
 
 
 # ------------------------------------------------------------------------------------------------ trainer
@@ -115,9 +77,9 @@ def _prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u0_ptr, qk_ptr, qd_pt
 
     g = tl.load(g_ptr + tok)
     beta = tl.load(b_ptr + tok)
-    G = _cum_log_decay(g, C)
+    G = cum_log_decay(g, C)
     eG = tl.exp(G)
-    g_last = _at(G, C - 1, C)
+    g_last = at(G, C - 1, C)
     causal = rows[None, :] <= rows[:, None]
     decay = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
 
@@ -135,7 +97,7 @@ def _prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u0_ptr, qk_ptr, qd_pt
     tm = tl.zeros((C, C), dtype=tl.float32)
     if not WHOLE_TILE:
         for i in range(0, C):  # forward substitution, row by row (the decode step's per-token work)
-            new = tl.where(rows == i, 1.0, _tri_row(_row(a, i, C), tm, DOTS))
+            new = tl.where(rows == i, 1.0, tri_row(row(a, i, C), tm, DOTS))
             tm = tl.where(rows[:, None] == i, new[None, :], tm)
     else:
         # the same rows: at step i, row i of the whole-tile product a @ T is row i's dot of the loop above (a row's
@@ -193,9 +155,11 @@ def _scan_kernel(w_ptr, u0_ptr, qk_ptr, qd_ptr, kd_ptr, gl_ptr, s0_ptr, o_ptr, s
 # tests/gpu runs other settings against these; picked by the sweeps in results/gpu/README.md: the tf32 decode
 # at 4 warps x 32 value columns is 2x faster than 8 x 16 at 64 sequences, the forward's prep kernel at 8 warps
 # faster than at 16: results/gpu/decode_picks_377a3cc)
-NUM_WARPS = {"prep": 8, "scan": 8, "decode": 4, "chain": 2}
-BV_MAX = {"prep": 64, "scan": 16, "decode": 32, "chain": 32}
-NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "chain": 1}
+NUM_WARPS = {"prep": 8, "scan": 8, "decode": 4, "chain": 2, "rows": 4, "values": 4}
+BV_MAX = {"prep": 64, "scan": 16, "decode": 32, "chain": 32, "values": 32}
+NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "chain": 1, "rows": 1, "values": 1}
+# the decode kernel each arithmetic runs by default (chunk_decode_triton; benchmarks/gdn.py times all three)
+DECODE_KERNEL = {"tf32": "split", "ieee": "chain"}
 # the prep kernel's forward substitution in the tensor-core arithmetic: row i from the whole-tile product A @ T
 # (64-row dots, no row extraction) instead of the padded-row dot; the same bits (tests/gpu), the speed measured
 # by benchmarks/gdn.py (settings) and benchmarks/trainer.py. ieee keeps the padded row: a 64-row FMA chain costs
@@ -273,214 +237,40 @@ def chunk_fwd_triton(q, k, v, g, beta, state, return_rows: bool = False, dots: s
     return o, states
 
 
-# ------------------------------------------------------------------------------------------------ decode
-
-
-@triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
-                   s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, HV,
-                   K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr,
-                   DOTS: tl.constexpr, VSPLIT: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    part = tl.program_id(2)  # which VSPLIT-th of the value blocks this program computes (the rest is shared)
-    slot = tl.load(slot_ptr + i).to(tl.int64)
-    t = tl.load(pos_ptr + i)  # position of this token in its open chunk
-    sh = slot * HV + h
-    ih = i * HV + h
-    rows = tl.arange(0, C)
-    kk = tl.arange(0, KP)
-    km = kk < K
-    prev = rows < t
-    cur = rows == t
-
-    # the chunk so far: cached rows < t, this token at row t, zeros after
-    q_t = tl.load(q_ptr + ih * K + kk, mask=km, other=0.0)
-    k_t = tl.load(k_ptr + ih * K + kk, mask=km, other=0.0)
-    g_t = tl.load(g_ptr + ih)
-    b_t = tl.load(b_ptr + ih)
-    g = tl.where(cur, g_t, tl.load(cg_ptr + sh * C + rows, mask=prev, other=0.0))
-    beta = tl.where(cur, b_t, tl.load(cb_ptr + sh * C + rows, mask=prev, other=0.0))
-    k = tl.load(ck_ptr + (sh * C + rows)[:, None] * K + kk[None, :], mask=prev[:, None] & km[None, :], other=0.0)
-    k = tl.where(cur[:, None], k_t[None, :], k)
-
-    G = _cum_log_decay(g, C)
-    eG = tl.exp(G)
-    G_t = _at(G, t, C)
-    drow = tl.where(rows <= t, tl.exp(tl.where(rows <= t, G_t - G, 0.0)), 0.0)
-
-    # rows t of A and of q k^T in one product (rows are independent chains)
-    r16 = tl.arange(0, 16)
-    kb_t = k_t * b_t
-    lhs = tl.where(r16[:, None] == 0, kb_t[None, :], tl.where(r16[:, None] == 1, q_t[None, :], 0.0))
-    both = tl.dot(lhs, tl.trans(k), input_precision=DOTS)
-    a = _row(both, 0, 16) * drow
-    a = tl.where(rows < t, a, 0.0)
-    qk_t = _row(both, 1, 16) * drow
-
-    tm = tl.load(ct_ptr + (sh * C + rows)[:, None] * C + rows[None, :], mask=prev[:, None], other=0.0)
-    t_row = tl.where(cur, 1.0, _tri_row(a, tm, DOTS))
-    t16 = _as_row16(t_row)
-    kbg = (k * beta[:, None]) * eG[:, None]
-    w_t = _row(tl.dot(t16, kbg, input_precision=DOTS), 0, 16)
-    qd_t = q_t * _at(eG, t, C)
-    wq = tl.where(r16[:, None] == 0, w_t[None, :], tl.where(r16[:, None] == 1, qd_t[None, :], 0.0))
-    qk16 = _as_row16(qk_t)
-    closes = t == C - 1
-
-    per_part: tl.constexpr = ((V + BV - 1) // BV + VSPLIT - 1) // VSPLIT
-    for j in tl.static_range(per_part):
-        vv = (part * per_part + j) * BV + tl.arange(0, BV)
-        vm = vv < V
-        sm = km[:, None] & vm[None, :]
-        v_t = tl.load(v_ptr + ih * V + vv, mask=vm, other=0.0)
-        v = tl.load(cv_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
-        v = tl.where(cur[:, None], v_t[None, :], v)
-        s = tl.load(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], mask=sm, other=0.0)
-        u0_t = _row(tl.dot(t16, v * beta[:, None], input_precision=DOTS), 0, 16)
-        ws = tl.dot(wq, s, input_precision=DOTS)  # row 0: w_t S, row 1: (q_t exp(G_t)) S
-        u_t = u0_t - _row(ws, 0, 16)
-        u = tl.load(cu_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
-        u = tl.where(cur[:, None], u_t[None, :], u)
-        o_t = _row(tl.dot(qk16, u, _as_row16(_row(ws, 1, 16)), input_precision=DOTS), 0, 16)
-        tl.store(o_ptr + ih * V + vv, o_t, mask=vm)
-        tl.store(cv_ptr + (sh * C + t) * V + vv, v_t, mask=vm)
-        tl.store(cu_ptr + (sh * C + t) * V + vv, u_t, mask=vm)
-        if closes:  # the chunk is complete: the next boundary state, as the trainer's scan computes it
-            kd = k * tl.exp(G_t - G)[:, None]
-            s = tl.dot(tl.trans(kd), u, s * tl.exp(G_t), input_precision=DOTS)
-            tl.store(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], s, mask=sm)
-    if part == 0:  # row t of the open chunk (the other parts read only rows < t)
-        tl.store(ck_ptr + (sh * C + t) * K + kk, k_t, mask=km)
-        tl.store(cg_ptr + sh * C + t, g_t)
-        tl.store(cb_ptr + sh * C + t, b_t)
-        tl.store(ct_ptr + (sh * C + t) * C + rows, t_row)
-
-
-@triton.jit
-def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
-                         s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, scr_ptr, HV,
-                         K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr):
-    """The decode step with every chain written out as a loop of tl.fma over its index (no 16-row padding): the
-    same chains as `_decode_kernel` in the ieee arithmetic, whose tl.dot lowers to fused multiply-adds
-    (tests/gpu checks its bits every GPU run)."""
-    i = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    slot = tl.load(slot_ptr + i).to(tl.int64)
-    t = tl.load(pos_ptr + i)
-    sh = slot * HV + h
-    ih = i * HV + h
-    rows = tl.arange(0, C)
-    kk = tl.arange(0, KP)
-    km = kk < K
-    scr = scr_ptr + ih * (3 * C + 2 * KP)  # a, qk, G (C each), w_t, q_t exp(G_t) (KP each)
-    g_t = tl.load(g_ptr + ih)
-    b_t = tl.load(b_ptr + ih)
-    q_t = tl.load(q_ptr + ih * K + kk, mask=km, other=0.0)
-    # append this token's inputs to the open chunk first: the loops below read row t back (barrier)
-    tl.store(ck_ptr + (sh * C + t) * K + kk, tl.load(k_ptr + ih * K + kk, mask=km), mask=km)
-    for vb in tl.static_range((V + BV - 1) // BV):
-        cols = vb * BV + tl.arange(0, BV)
-        tl.store(cv_ptr + (sh * C + t) * V + cols, tl.load(v_ptr + ih * V + cols, mask=cols < V), mask=cols < V)
-    tl.store(cg_ptr + sh * C + t, g_t)
-    tl.store(cb_ptr + sh * C + t, b_t)
-    tl.debug_barrier()
-
-    G = tl.zeros((C,), tl.float32)
-    run = tl.sum(tl.zeros((C,), tl.float32), axis=0)
-    for j in range(0, t + 1):
-        run = run + tl.load(cg_ptr + sh * C + j)
-        G = tl.where(rows == j, run, G)
-    G_t = run
-    drow = tl.where(rows <= t, tl.exp(tl.where(rows <= t, G_t - G, 0.0)), 0.0)
-    acc_a = tl.zeros((C,), tl.float32)
-    acc_q = tl.zeros((C,), tl.float32)
-    for d in range(0, K):
-        col = tl.load(ck_ptr + (sh * C + rows) * K + d, mask=rows <= t, other=0.0)
-        acc_a = tl.fma(tl.load(k_ptr + ih * K + d) * b_t, col, acc_a)
-        acc_q = tl.fma(tl.load(q_ptr + ih * K + d), col, acc_q)
-    tl.store(scr + rows, tl.where(rows < t, acc_a * drow, 0.0))
-    tl.store(scr + C + rows, acc_q * drow)
-    tl.store(scr + 2 * C + rows, G)
-    tl.debug_barrier()
-
-    acc_t = tl.zeros((C,), tl.float32)
-    for j in range(0, t):
-        acc_t = tl.fma(tl.load(scr + j), tl.load(ct_ptr + (sh * C + j) * C + rows), acc_t)
-    tl.store(ct_ptr + (sh * C + t) * C + rows, tl.where(rows == t, 1.0, -acc_t))
-    tl.debug_barrier()
-
-    acc_w = tl.zeros((KP,), tl.float32)
-    for j in range(0, t + 1):
-        kbg = (tl.load(ck_ptr + (sh * C + j) * K + kk, mask=km, other=0.0) * tl.load(cb_ptr + sh * C + j)) * \
-            tl.exp(tl.load(scr + 2 * C + j))
-        acc_w = tl.fma(tl.load(ct_ptr + (sh * C + t) * C + j), kbg, acc_w)
-    tl.store(scr + 3 * C + kk, acc_w)
-    tl.store(scr + 3 * C + KP + kk, q_t * tl.exp(G_t))
-    tl.debug_barrier()
-
-    for vb in tl.static_range((V + BV - 1) // BV):
-        cols = vb * BV + tl.arange(0, BV)
-        cm = cols < V
-        acc_u = tl.zeros((BV,), tl.float32)
-        for j in range(0, t + 1):
-            vbj = tl.load(cv_ptr + (sh * C + j) * V + cols, mask=cm, other=0.0) * tl.load(cb_ptr + sh * C + j)
-            acc_u = tl.fma(tl.load(ct_ptr + (sh * C + t) * C + j), vbj, acc_u)
-        acc_ws = tl.zeros((BV,), tl.float32)
-        acc_o = tl.zeros((BV,), tl.float32)
-        for d in range(0, K):  # the dot's chain over KP less its trailing 0 * 0 terms (exact no-ops)
-            srow = tl.load(s_ptr + (sh * K + d) * V + cols, mask=cm, other=0.0)
-            acc_ws = tl.fma(tl.load(scr + 3 * C + d), srow, acc_ws)
-            acc_o = tl.fma(tl.load(scr + 3 * C + KP + d), srow, acc_o)
-        u_t = acc_u - acc_ws
-        for j in range(0, t):
-            acc_o = tl.fma(tl.load(scr + C + j), tl.load(cu_ptr + (sh * C + j) * V + cols, mask=cm, other=0.0), acc_o)
-        acc_o = tl.fma(tl.load(scr + C + t), u_t, acc_o)
-        tl.store(o_ptr + ih * V + cols, acc_o, mask=cm)
-        tl.store(cu_ptr + (sh * C + t) * V + cols, u_t, mask=cm)
-    if t == C - 1:  # the chunk is complete: S' = S exp(G_t) + sum_j (k_j exp(G_t - G_j)) u_j^T, chain over j
-        tl.debug_barrier()
-        for vb in tl.static_range((V + BV - 1) // BV):
-            cols = vb * BV + tl.arange(0, BV)
-            cm = cols < V
-            sm = km[:, None] & cm[None, :]
-            sp = s_ptr + (sh * K + kk)[:, None] * V + cols[None, :]
-            acc = tl.load(sp, mask=sm, other=0.0) * tl.exp(G_t)
-            for j in range(0, C):
-                kd = tl.load(ck_ptr + (sh * C + j) * K + kk, mask=km, other=0.0) * \
-                    tl.exp(G_t - tl.load(scr + 2 * C + j))
-                u_j = tl.load(cu_ptr + (sh * C + j) * V + cols, mask=cm, other=0.0)
-                acc = tl.fma(kd[:, None], u_j[None, :], acc)
-            tl.store(sp, acc, mask=sm)
-
-
 def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, dots: str = DEFAULT_CHUNK_DOTS,
                         kernel: str | None = None):
     """One token per sequence, chunk-consistent: o equals row `pos` of `chunk_fwd_triton(..., dots=dots)` over
     the sequence's open chunk bit for bit. q, k [N, HV, K], v [N, HV, V], g, beta [N, HV] fp32 (prepared); slots
     [N] cache slots; pos [N] the token's position in its open chunk (start_pos % 64). cache: the layer's tensors
     ssm [S, HV, K, V], ck [S, HV, C, K], cv [S, HV, C, V], cg, cb [S, HV, C], ct [S, HV, C, C], cu [S, HV, C, V]
-    (all fp32), updated in place (the state only when the chunk closes). kernel: "dot" (the trainer's construct,
-    any `dots`) or "chain" ("ieee" only; its default there); by default the fastest for `dots`. Returns
-    o [N, HV, V] fp32."""
+    (all fp32), updated in place (the state only when the chunk closes). kernel: "split" or "dot" (the trainer's
+    construct, any `dots`) or "chain" ("ieee" only); by default DECODE_KERNEL[dots]. Returns o [N, HV, V] fp32."""
     assert dots in CHUNK_DOTS, dots
-    kernel = kernel or ("chain" if dots == "ieee" else "dot")
-    assert kernel == "dot" or (kernel == "chain" and dots == "ieee"), (kernel, dots)
+    kernel = kernel or DECODE_KERNEL[dots]
+    assert kernel in ("split", "dot") or (kernel == "chain" and dots == "ieee"), (kernel, dots)
     configure_cuda()
     n, hv, dk = q.shape
     dv = v.shape[-1]
     q, k, v, g, beta = (x.float().contiguous() for x in (q, k, v, g, beta))
     kp = padded_k(dk)
     o = torch.empty(n, hv, dv, device=q.device, dtype=torch.float32)
-    if n and kernel == "chain":
+    if not n:
+        return o
+    slots, pos = slots.contiguous(), pos.to(torch.int32).contiguous()
+    c = [cache[name] for name in ("ssm", "ck", "cv", "cg", "cb", "ct", "cu")]
+    if kernel == "chain":
         scr = torch.empty(n, hv, 3 * CHUNK + 2 * kp, device=q.device, dtype=torch.float32)
-        _launch("chain", _decode_chain_kernel, lambda bv: (n, hv), q, k, v, g, beta, o, slots.contiguous(),
-                pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"], cache["cg"], cache["cb"],
-                cache["ct"], cache["cu"], scr, hv, K=dk, V=dv, C=CHUNK, KP=kp, **EXACT)
-    elif n:
+        _launch("chain", _decode_chain_kernel, lambda bv: (n, hv), q, k, v, g, beta, o, slots, pos, *c, scr, hv, K=dk,
+                V=dv, C=CHUNK, KP=kp, **EXACT)
+    elif kernel == "split":  # the key side's row into scr, then the value blocks from it
+        ssm, ck, cv, cg, cb, ct, cu = c
+        scr = torch.empty(n, hv, 3 * CHUNK + 2 * kp, device=q.device, dtype=torch.float32)
+        _decode_rows_kernel[(n, hv)](q, k, g, beta, slots, pos, ck, cg, cb, ct, scr, hv, K=dk, C=CHUNK, KP=kp,
+                                     DOTS=dots, num_warps=NUM_WARPS["rows"], num_stages=NUM_STAGES["rows"], **EXACT)
+        _launch("values", _decode_values_kernel, lambda bv: (n, hv, triton.cdiv(dv, bv)), v, o, slots, pos, ssm, ck,
+                cv, cb, cu, scr, hv, K=dk, V=dv, C=CHUNK, KP=kp, DOTS=dots, **EXACT)
+    else:
         split = DECODE_VSPLIT or min(max(1, num_sms(q.device) // (n * hv)), triton.cdiv(dv, BV_MAX["decode"]))
-        _launch("decode", _decode_kernel, lambda bv: (n, hv, min(split, triton.cdiv(dv, bv))), q, k, v, g,
-                beta, o, slots.contiguous(), pos.to(torch.int32).contiguous(), cache["ssm"], cache["ck"], cache["cv"],
-                cache["cg"], cache["cb"], cache["ct"], cache["cu"], hv, K=dk, V=dv, C=CHUNK, KP=kp, DOTS=dots,
-                VSPLIT=split, **EXACT)
+        _launch("decode", _decode_kernel, lambda bv: (n, hv, min(split, triton.cdiv(dv, bv))), q, k, v, g, beta, o,
+                slots, pos, *c, hv, K=dk, V=dv, C=CHUNK, KP=kp, DOTS=dots, VSPLIT=split, **EXACT)
     return o
