@@ -13,9 +13,10 @@ trainer; K = V = 128 unless named).
 - chunk_grad: forward + backward of the chunked form the trainer differentiates (ops/gdn/autograd.py
   chunk_reference) with its scan over chunks as the torch loop vs the Triton kernel pair (scan_triton.py, tf32
   and ieee), one sequence of 4096 tokens and all 8 packed; the tf32 gradient's relative error against ieee
-- settings: the tf32 kernels' launch settings (decode, at 64 sequences and at one: the dot kernel at its pick,
-  with and without the value split, and the split pair's rows / values warps and value block; forward: prep
-  substitution and warps, scan warps and value block)
+- decode_settings: the tf32 decode step's launch settings, at 64 sequences and at one (the dot kernel at its
+  pick, with and without the value split; the split pair's rows / values warps and value block; its rows kernel
+  alone)
+- settings: the chunked forward's tf32 launch settings (prep substitution and warps, scan warps and value block)
 """
 
 import torch
@@ -164,39 +165,44 @@ def chunk_grad():
     return r
 
 
-def settings():
-    """tf32 launch settings (any gives the same bits: tests/gpu): the decode step (mean over a chunk's 64
-    positions, 64 sequences; and one sequence without and with the value split) by warps x value block, and the
-    chunked forward (one sequence and two) by the prep kernel's substitution (row / whole tile) and warps and the
-    scan kernel's warps and value block."""
+def decode_settings():
+    """The tf32 decode step's launch settings (any gives the same bits: tests/gpu), mean over a chunk's 64
+    positions at 64 sequences and at one: the one-program kernel at its pick (one sequence: without and with the
+    value split), the split pair by rows / values warps and values block; and the split pair's rows kernel alone
+    (its values kernel's launch stubbed out), so the two kernels' shares are known."""
+    from unittest import mock
+
     from zeromismatch.ops.gdn import CHUNK
     from zeromismatch.ops.gdn import chunk_triton as ct
 
-    r, saved = {}, (dict(ct.NUM_WARPS), dict(ct.BV_MAX), ct.DECODE_VSPLIT, ct.WHOLE_TILE_SUBSTITUTION)
+    r, saved = {}, (dict(ct.NUM_WARPS), dict(ct.BV_MAX), ct.DECODE_VSPLIT)
     q, k, v, gg, beta = (x[:, :, 0].contiguous() for x in prepared_inputs(N_SEQ, HEADS, 1, seed=5))
     caches = [open_chunk_cache(N_SEQ, HEADS, seed=i) for i in range(4)]
     slots = torch.arange(N_SEQ, device=DEV)
     steps = [torch.full((N_SEQ,), t, device=DEV) for t in range(CHUNK)]
     floor = state_floor(caches)
-
     pristine = {name: t.clone() for name, t in caches[0].items()}  # the timed steps below update caches[0]
 
     def one_chunk(kernel=None):  # a chunk of decode steps from the same cache: (outputs, final cache) to compare bits
         c = {name: t.clone() for name, t in pristine.items()}
         return [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c, kernel=kernel) for p in steps], c
 
+    def chunk_mean(n, cs, kernel):  # ms per step over a chunk of steps, n sequences
+        xs, sl = [x[:n] for x in (q, k, v, gg, beta)], slots[:n]
+        return bench_graph([lambda c=c: [ct.chunk_decode_triton(*xs, sl, p[:n], c, kernel=kernel) for p in steps]
+                            for c in cs], reps=2) / CHUNK
+
     ref_o, ref_c = one_chunk()
-    q1, k1, v1, g1, b1 = (x[:1] for x in (q, k, v, gg, beta))
     caches1 = [{name: t[:1].clone() for name, t in c.items()} for c in caches]
     floor1 = state_floor(caches1)
     # (kernel, warps, widest value block): the one-program kernel at its pick; the split pair's rows x values
     # warps and values block
-    decode_settings = [("dot", {"decode": 4}, {"decode": 32})] + [
+    combos = [("dot", {"decode": 4}, {"decode": 32})] + [
         ("split", {"rows": rw, "values": vw}, {"values": vb})
         for rw, vw, vb in ((4, 4, 32), (2, 4, 32), (8, 4, 32), (4, 2, 32), (4, 2, 16), (4, 4, 16), (4, 4, 64),
                            (4, 8, 64), (4, 4, 128))]
     try:
-        for kernel, warps, bv in decode_settings:
+        for kernel, warps, bv in combos:
             ct.NUM_WARPS.update(warps)
             ct.BV_MAX.update(bv)
             tag = "_".join([f"decode_{kernel}"] + [f"{n}_w{w}" for n, w in warps.items()] +
@@ -205,21 +211,38 @@ def settings():
             o, c = one_chunk(kernel)
             r[f"{tag}_same_bits"] = all(torch.equal(a, b) for a, b in zip(o, ref_o)) and \
                 all(torch.equal(c[n], ref_c[n]) for n in c)
-            ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q, k, v, gg, beta, slots, p, c, kernel=kernel)
-                                           for p in steps] for c in caches], reps=2) / CHUNK
+            ms = chunk_mean(N_SEQ, caches, kernel)
             r[f"{tag}_chunk_mean_ms"], r[f"{tag}_chunk_mean_over_floor"] = ms, ms / floor
             # one sequence; the dot kernel without the value split and with the one that fills the GPU (4)
             for vs in ((1, None) if kernel == "dot" else (None,)):
                 ct.DECODE_VSPLIT = vs
-                ms = bench_graph([lambda c=c: [ct.chunk_decode_triton(q1, k1, v1, g1, b1, slots[:1], p[:1], c,
-                                                                      kernel=kernel)
-                                               for p in steps] for c in caches1], reps=2) / CHUNK
+                ms = chunk_mean(1, caches1, kernel)
                 split = "" if kernel == "split" else f"_vs{'fill' if vs is None else vs}"
                 r[f"{tag}_1seq{split}_chunk_mean_ms"], r[f"{tag}_1seq{split}_chunk_mean_over_floor"] = \
                     ms, ms / floor1
+            if kernel == "split" and warps["rows"] == 4:  # the rows kernel alone (values launch stubbed out)
+                with mock.patch.object(ct, "_launch", lambda *a, **kw: None):
+                    r[f"{tag}_rows_only_chunk_mean_ms"] = chunk_mean(N_SEQ, caches, kernel)
+                    r[f"{tag}_1seq_rows_only_chunk_mean_ms"] = chunk_mean(1, caches1, kernel)
             ct.NUM_WARPS.update(saved[0])
             ct.BV_MAX.update(saved[1])
-            log("gdn settings", tag, {k_: v_ for k_, v_ in r.items() if k_.startswith(tag)})
+            log("gdn decode settings", tag, {k_: v_ for k_, v_ in r.items() if k_.startswith(tag)})
+    except KeyboardInterrupt:  # the time limit (SIGINT): keep what was measured
+        r["interrupted"] = True
+    finally:
+        ct.NUM_WARPS.update(saved[0])
+        ct.BV_MAX.update(saved[1])
+        ct.DECODE_VSPLIT = saved[2]
+    return r
+
+
+def settings():
+    """The chunked forward's tf32 launch settings (any gives the same bits: tests/gpu), one sequence and two: the
+    prep kernel's substitution (row / whole tile) and warps, the scan kernel's warps and value block."""
+    from zeromismatch.ops.gdn import chunk_triton as ct
+
+    r, saved = {}, (dict(ct.NUM_WARPS), dict(ct.BV_MAX), ct.WHOLE_TILE_SUBSTITUTION)
+    try:
         # one sequence (the trainer's microbatch; the scan has (V / value block) x 32 programs) and two
         combos = [(whole, prep_w, 8, 16) for whole in (False, True) for prep_w in (8, 16)]
         combos += [(True, 8, scan_w, scan_bv) for scan_w, scan_bv in ((4, 32), (8, 64), (4, 128))]
@@ -237,20 +260,19 @@ def settings():
     except KeyboardInterrupt:  # the time limit (SIGINT): keep what was measured
         r["interrupted"] = True
     finally:
-        ct.WHOLE_TILE_SUBSTITUTION = saved[3]
+        ct.WHOLE_TILE_SUBSTITUTION = saved[2]
         ct.NUM_WARPS.update(saved[0])
         ct.BV_MAX.update(saved[1])
-        ct.DECODE_VSPLIT = saved[2]
     return r
 
 
 def main():
     args = parse_args(__doc__, lambda ap: ap.add_argument(
-        "--sections", default="recurrent,chunk_decode,chunk_train,chunk_grad,settings"))
+        "--sections", default="recurrent,chunk_decode,chunk_train,chunk_grad,decode_settings,settings"))
     res = {}
     only = set(args.sections.split(","))
     for name, fn in (("recurrent", recurrent), ("chunk_decode", chunk_decode), ("chunk_train", chunk_train),
-                     ("chunk_grad", chunk_grad), ("settings", settings)):
+                     ("chunk_grad", chunk_grad), ("decode_settings", decode_settings), ("settings", settings)):
         if name not in only:
             continue
         log("gdn", name)

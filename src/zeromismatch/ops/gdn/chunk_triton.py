@@ -158,8 +158,11 @@ def _scan_kernel(w_ptr, u0_ptr, qk_ptr, qd_ptr, kd_ptr, gl_ptr, s0_ptr, o_ptr, s
 NUM_WARPS = {"prep": 8, "scan": 8, "decode": 4, "chain": 2, "rows": 4, "values": 4}
 BV_MAX = {"prep": 64, "scan": 16, "decode": 32, "chain": 32, "values": 32}
 NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "chain": 1, "rows": 1, "values": 1}
-# the decode kernel each arithmetic runs by default (chunk_decode_triton; benchmarks/gdn.py times all three)
+# the decode kernel each arithmetic runs by default (chunk_decode_triton; benchmarks/gdn.py times all three), and
+# below how many (sequence, head) pairs the tf32 step runs the one-program kernel instead (with the value split:
+# one launch, not two, where a step is too small to fill the GPU)
 DECODE_KERNEL = {"tf32": "split", "ieee": "chain"}
+DECODE_DOT_BELOW = 0
 # the prep kernel's forward substitution in the tensor-core arithmetic: row i from the whole-tile product A @ T
 # (64-row dots, no row extraction) instead of the padded-row dot; the same bits (tests/gpu), the speed measured
 # by benchmarks/gdn.py (settings) and benchmarks/trainer.py. ieee keeps the padded row: a 64-row FMA chain costs
@@ -244,9 +247,10 @@ def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, dots: str = D
     [N] cache slots; pos [N] the token's position in its open chunk (start_pos % 64). cache: the layer's tensors
     ssm [S, HV, K, V], ck [S, HV, C, K], cv [S, HV, C, V], cg, cb [S, HV, C], ct [S, HV, C, C], cu [S, HV, C, V]
     (all fp32), updated in place (the state only when the chunk closes). kernel: "split" or "dot" (the trainer's
-    construct, any `dots`) or "chain" ("ieee" only); by default DECODE_KERNEL[dots]. Returns o [N, HV, V] fp32."""
+    construct, any `dots`) or "chain" ("ieee" only); by default DECODE_KERNEL[dots] ("dot" for tf32 below
+    DECODE_DOT_BELOW sequence-heads). Returns o [N, HV, V] fp32."""
     assert dots in CHUNK_DOTS, dots
-    kernel = kernel or DECODE_KERNEL[dots]
+    kernel = kernel or ("dot" if dots == "tf32" and q.shape[0] * q.shape[1] < DECODE_DOT_BELOW else DECODE_KERNEL[dots])
     assert kernel in ("split", "dot") or (kernel == "chain" and dots == "ieee"), (kernel, dots)
     configure_cuda()
     n, hv, dk = q.shape
