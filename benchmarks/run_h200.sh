@@ -16,7 +16,7 @@ COMMIT="${1:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 log="$OUT/log.txt"
-{ echo "commit $COMMIT"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } 2>&1 | tee "$log"
+{ echo "commit $COMMIT"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } 2>&1 | tee -a "$log"  # appended: runs into one $OUT keep every log
 
 step() {  # step SECONDS NAME COMMAND...: run under a time limit (SIGINT first; the JSON so far is kept)
     local limit=$1 name=$2; shift 2
