@@ -152,17 +152,19 @@ def _scan_kernel(w_ptr, u0_ptr, qk_ptr, qd_ptr, kd_ptr, gl_ptr, s0_ptr, o_ptr, s
 
 
 # launch settings; no setting changes a value (each output row's products are tile-independent, module docstring;
-# tests/gpu runs other settings against these; picked by the sweeps in results/gpu/README.md: the tf32 decode
-# at 4 warps x 32 value columns is 2x faster than 8 x 16 at 64 sequences, the forward's prep kernel at 8 warps
-# faster than at 16: results/gpu/decode_picks_377a3cc)
-NUM_WARPS = {"prep": 8, "scan": 8, "decode": 4, "chain": 2, "rows": 4, "values": 4}
+# tests/gpu runs other settings against these; picked by the sweeps in results/gpu/README.md: the one-program tf32
+# decode at 4 warps x 32 value columns is 2x faster than 8 x 16 at 64 sequences, the forward's prep kernel at 8
+# warps faster than at 16: results/gpu/decode_picks_377a3cc; the split decode's rows kernel at 2 warps, its values
+# kernel at 4 x 32 columns, 1.77x the state floor over a chunk at 64 sequences: results/gpu/decode_split_2b3b761)
+NUM_WARPS = {"prep": 8, "scan": 8, "decode": 4, "chain": 2, "rows": 2, "values": 4}
 BV_MAX = {"prep": 64, "scan": 16, "decode": 32, "chain": 32, "values": 32}
 NUM_STAGES = {"prep": 1, "scan": 1, "decode": 1, "chain": 1, "rows": 1, "values": 1}
 # the decode kernel each arithmetic runs by default (chunk_decode_triton; benchmarks/gdn.py times all three), and
-# below how many (sequence, head) pairs the tf32 step runs the one-program kernel instead (with the value split:
-# one launch, not two, where a step is too small to fill the GPU)
+# below how many (sequence, head) pairs the tf32 step runs the one-program kernel instead, with the value split:
+# one launch, not two, where a step is too small to fill the GPU (None: the GPU's multiprocessor count; one
+# sequence x 32 heads: 0.0102 ms a step against the split pair's 0.0126, results/gpu/decode_split_2b3b761)
 DECODE_KERNEL = {"tf32": "split", "ieee": "chain"}
-DECODE_DOT_BELOW = 0
+DECODE_DOT_BELOW: int | None = None
 # the prep kernel's forward substitution in the tensor-core arithmetic: row i from the whole-tile product A @ T
 # (64-row dots, no row extraction) instead of the padded-row dot; the same bits (tests/gpu), the speed measured
 # by benchmarks/gdn.py (settings) and benchmarks/trainer.py. ieee keeps the padded row: a 64-row FMA chain costs
@@ -250,7 +252,9 @@ def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, dots: str = D
     construct, any `dots`) or "chain" ("ieee" only); by default DECODE_KERNEL[dots] ("dot" for tf32 below
     DECODE_DOT_BELOW sequence-heads). Returns o [N, HV, V] fp32."""
     assert dots in CHUNK_DOTS, dots
-    kernel = kernel or ("dot" if dots == "tf32" and q.shape[0] * q.shape[1] < DECODE_DOT_BELOW else DECODE_KERNEL[dots])
+    if kernel is None:
+        below = num_sms(q.device) if DECODE_DOT_BELOW is None else DECODE_DOT_BELOW
+        kernel = "dot" if dots == "tf32" and q.shape[0] * q.shape[1] < below else DECODE_KERNEL[dots]
     assert kernel in ("split", "dot") or (kernel == "chain" and dots == "ieee"), (kernel, dots)
     configure_cuda()
     n, hv, dk = q.shape
