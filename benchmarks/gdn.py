@@ -199,8 +199,8 @@ def decode_settings():
     # warps and values block
     combos = [("dot", {"decode": 4}, {"decode": 32})] + [
         ("split", {"rows": rw, "values": vw}, {"values": vb})
-        for rw, vw, vb in ((4, 4, 32), (2, 4, 32), (8, 4, 32), (4, 2, 32), (4, 2, 16), (4, 4, 16), (4, 4, 64),
-                           (4, 8, 64), (4, 4, 128))]
+        for rw, vw, vb in ((2, 4, 32), (1, 4, 32), (4, 4, 32), (8, 4, 32), (2, 2, 32), (2, 8, 32), (2, 4, 64),
+                           (2, 8, 64), (1, 8, 64), (2, 4, 16), (2, 4, 128))]
     try:
         for kernel, warps, bv in combos:
             ct.NUM_WARPS.update(warps)
@@ -220,7 +220,7 @@ def decode_settings():
                 split = "" if kernel == "split" else f"_vs{'fill' if vs is None else vs}"
                 r[f"{tag}_1seq{split}_chunk_mean_ms"], r[f"{tag}_1seq{split}_chunk_mean_over_floor"] = \
                     ms, ms / floor1
-            if kernel == "split" and warps["rows"] == 4:  # the rows kernel alone (values launch stubbed out)
+            if kernel == "split" and bv["values"] == 32 and warps["values"] == 4:  # the rows kernel alone (values stubbed)
                 with mock.patch.object(ct, "_launch", lambda *a, **kw: None):
                     r[f"{tag}_rows_only_chunk_mean_ms"] = chunk_mean(N_SEQ, caches, kernel)
                     r[f"{tag}_1seq_rows_only_chunk_mean_ms"] = chunk_mean(1, caches1, kernel)
