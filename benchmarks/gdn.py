@@ -220,7 +220,7 @@ def decode_settings():
                 split = "" if kernel == "split" else f"_vs{'fill' if vs is None else vs}"
                 r[f"{tag}_1seq{split}_chunk_mean_ms"], r[f"{tag}_1seq{split}_chunk_mean_over_floor"] = \
                     ms, ms / floor1
-            if kernel == "split" and bv["values"] == 32 and warps["values"] == 4:  # the rows kernel alone (values stubbed)
+            if kernel == "split" and bv["values"] == 32 and warps["values"] == 4:  # rows kernel alone (values stubbed)
                 with mock.patch.object(ct, "_launch", lambda *a, **kw: None):
                     r[f"{tag}_rows_only_chunk_mean_ms"] = chunk_mean(N_SEQ, caches, kernel)
                     r[f"{tag}_1seq_rows_only_chunk_mean_ms"] = chunk_mean(1, caches1, kernel)
