@@ -21,24 +21,16 @@ from .rows_triton import as_row16, at, cum_log_decay, row, tri_row
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
-                   s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, HV,
-                   K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr,
-                   DOTS: tl.constexpr, VSPLIT: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    part = tl.program_id(2)  # which VSPLIT-th of the value blocks this program computes (the rest is shared)
-    slot = tl.load(slot_ptr + i).to(tl.int64)
-    t = tl.load(pos_ptr + i)  # position of this token in its open chunk
-    sh = slot * HV + h
-    ih = i * HV + h
+def _key_side(q_ptr, k_ptr, g_ptr, b_ptr, ck_ptr, cg_ptr, cb_ptr, ct_ptr, sh, ih, t,
+              K: tl.constexpr, C: tl.constexpr, KP: tl.constexpr, DOTS: tl.constexpr):
+    """The key side of row t on the chunk so far (cached rows < t, this token at row t, zeros after), with the
+    trainer's products: (k rows, beta, G, T's row t, the decayed q_t k^T row, w_t, q_t exp(G_t), and the token's
+    k_t, g_t, beta_t for the caller to append)."""
     rows = tl.arange(0, C)
     kk = tl.arange(0, KP)
     km = kk < K
     prev = rows < t
     cur = rows == t
-
-    # the chunk so far: cached rows < t, this token at row t, zeros after
     q_t = tl.load(q_ptr + ih * K + kk, mask=km, other=0.0)
     k_t = tl.load(k_ptr + ih * K + kk, mask=km, other=0.0)
     g_t = tl.load(g_ptr + ih)
@@ -52,22 +44,69 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
     eG = tl.exp(G)
     G_t = at(G, t, C)
     drow = tl.where(rows <= t, tl.exp(tl.where(rows <= t, G_t - G, 0.0)), 0.0)
-
     # rows t of A and of q k^T in one product (rows are independent chains)
     r16 = tl.arange(0, 16)
-    kb_t = k_t * b_t
-    lhs = tl.where(r16[:, None] == 0, kb_t[None, :], tl.where(r16[:, None] == 1, q_t[None, :], 0.0))
+    lhs = tl.where(r16[:, None] == 0, (k_t * b_t)[None, :], tl.where(r16[:, None] == 1, q_t[None, :], 0.0))
     both = tl.dot(lhs, tl.trans(k), input_precision=DOTS)
-    a = row(both, 0, 16) * drow
-    a = tl.where(rows < t, a, 0.0)
+    a = tl.where(rows < t, row(both, 0, 16) * drow, 0.0)
     qk_t = row(both, 1, 16) * drow
-
     tm = tl.load(ct_ptr + (sh * C + rows)[:, None] * C + rows[None, :], mask=prev[:, None], other=0.0)
     t_row = tl.where(cur, 1.0, tri_row(a, tm, DOTS))
-    t16 = as_row16(t_row)
     kbg = (k * beta[:, None]) * eG[:, None]
-    w_t = row(tl.dot(t16, kbg, input_precision=DOTS), 0, 16)
-    qd_t = q_t * at(eG, t, C)
+    w_t = row(tl.dot(as_row16(t_row), kbg, input_precision=DOTS), 0, 16)
+    return k, beta, G, t_row, qk_t, w_t, q_t * at(eG, t, C), k_t, g_t, b_t
+
+
+@triton.jit
+def _value_block(v_ptr, o_ptr, s_ptr, cv_ptr, cu_ptr, sh, ih, t, vv, t16, wq, qk16, beta,
+                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, KP: tl.constexpr, DOTS: tl.constexpr):
+    """Value columns vv of row t from its key side (t16: T's row t, wq: rows w_t and q_t exp(G_t), qk16: the
+    decayed q_t k^T row, each in a 16-row tile): u_t = T_t (v beta) - w_t S, o_t = qk_t u + q_t exp(G_t) S, the
+    trainer's products; o_t stored, the token's v and u appended to the open chunk. Returns the state block S and
+    the chunk's u rows (for the state update when the chunk closes)."""
+    rows = tl.arange(0, C)
+    kk = tl.arange(0, KP)
+    prev = rows < t
+    cur = rows == t
+    vm = vv < V
+    v_t = tl.load(v_ptr + ih * V + vv, mask=vm, other=0.0)
+    v = tl.load(cv_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
+    v = tl.where(cur[:, None], v_t[None, :], v)
+    s = tl.load(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], mask=(kk < K)[:, None] & vm[None, :], other=0.0)
+    u0_t = row(tl.dot(t16, v * beta[:, None], input_precision=DOTS), 0, 16)
+    ws = tl.dot(wq, s, input_precision=DOTS)  # row 0: w_t S, row 1: (q_t exp(G_t)) S
+    u_t = u0_t - row(ws, 0, 16)
+    u = tl.load(cu_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
+    u = tl.where(cur[:, None], u_t[None, :], u)
+    o_t = row(tl.dot(qk16, u, as_row16(row(ws, 1, 16)), input_precision=DOTS), 0, 16)
+    tl.store(o_ptr + ih * V + vv, o_t, mask=vm)
+    tl.store(cv_ptr + (sh * C + t) * V + vv, v_t, mask=vm)
+    tl.store(cu_ptr + (sh * C + t) * V + vv, u_t, mask=vm)
+    return s, u
+
+
+@triton.jit
+def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
+                   s_ptr, ck_ptr, cv_ptr, cg_ptr, cb_ptr, ct_ptr, cu_ptr, HV,
+                   K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr,
+                   DOTS: tl.constexpr, VSPLIT: tl.constexpr):
+    """The whole step in one program per (sequence, head): its key side, then its value blocks (or VSPLIT
+    programs, each recomputing the key side for its share of the value blocks)."""
+    i = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    part = tl.program_id(2)  # which VSPLIT-th of the value blocks this program computes (the rest is shared)
+    slot = tl.load(slot_ptr + i).to(tl.int64)
+    t = tl.load(pos_ptr + i)  # position of this token in its open chunk
+    sh = slot * HV + h
+    ih = i * HV + h
+    rows = tl.arange(0, C)
+    kk = tl.arange(0, KP)
+    km = kk < K
+    k, beta, G, t_row, qk_t, w_t, qd_t, k_t, g_t, b_t = _key_side(q_ptr, k_ptr, g_ptr, b_ptr, ck_ptr, cg_ptr, cb_ptr,
+                                                                  ct_ptr, sh, ih, t, K, C, KP, DOTS)
+    G_t = at(G, t, C)
+    r16 = tl.arange(0, 16)
+    t16 = as_row16(t_row)
     wq = tl.where(r16[:, None] == 0, w_t[None, :], tl.where(r16[:, None] == 1, qd_t[None, :], 0.0))
     qk16 = as_row16(qk_t)
     closes = t == C - 1
@@ -75,21 +114,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
     per_part: tl.constexpr = ((V + BV - 1) // BV + VSPLIT - 1) // VSPLIT
     for j in tl.static_range(per_part):
         vv = (part * per_part + j) * BV + tl.arange(0, BV)
-        vm = vv < V
-        sm = km[:, None] & vm[None, :]
-        v_t = tl.load(v_ptr + ih * V + vv, mask=vm, other=0.0)
-        v = tl.load(cv_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
-        v = tl.where(cur[:, None], v_t[None, :], v)
-        s = tl.load(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], mask=sm, other=0.0)
-        u0_t = row(tl.dot(t16, v * beta[:, None], input_precision=DOTS), 0, 16)
-        ws = tl.dot(wq, s, input_precision=DOTS)  # row 0: w_t S, row 1: (q_t exp(G_t)) S
-        u_t = u0_t - row(ws, 0, 16)
-        u = tl.load(cu_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
-        u = tl.where(cur[:, None], u_t[None, :], u)
-        o_t = row(tl.dot(qk16, u, as_row16(row(ws, 1, 16)), input_precision=DOTS), 0, 16)
-        tl.store(o_ptr + ih * V + vv, o_t, mask=vm)
-        tl.store(cv_ptr + (sh * C + t) * V + vv, v_t, mask=vm)
-        tl.store(cu_ptr + (sh * C + t) * V + vv, u_t, mask=vm)
+        sm = km[:, None] & (vv < V)[None, :]
+        s, u = _value_block(v_ptr, o_ptr, s_ptr, cv_ptr, cu_ptr, sh, ih, t, vv, t16, wq, qk16, beta, K, V, C, KP, DOTS)
         if closes:  # the chunk is complete: the next boundary state, as the trainer's scan computes it
             kd = k * tl.exp(G_t - G)[:, None]
             s = tl.dot(tl.trans(kd), u, s * tl.exp(G_t), input_precision=DOTS)
@@ -201,8 +227,9 @@ def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos
 @triton.jit
 def _decode_rows_kernel(q_ptr, k_ptr, g_ptr, b_ptr, slot_ptr, pos_ptr, ck_ptr, cg_ptr, cb_ptr, ct_ptr, scr_ptr, HV,
                         K: tl.constexpr, C: tl.constexpr, KP: tl.constexpr, DOTS: tl.constexpr):
-    """The key side of row t, exactly `_decode_kernel`'s: scratch row [T row t | qk_t | G | w_t | q_t exp(G_t)];
-    the token's k, g, beta and T row appended to the open chunk (the values kernel reads them back)."""
+    """The key side of row t (`_key_side`, as `_decode_kernel` computes it) into a scratch row [T row t | qk_t | G |
+    w_t | q_t exp(G_t)]; the token's k, g, beta and T row appended to the open chunk (the values kernel reads them
+    back)."""
     i = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + i).to(tl.int64)
@@ -212,38 +239,14 @@ def _decode_rows_kernel(q_ptr, k_ptr, g_ptr, b_ptr, slot_ptr, pos_ptr, ck_ptr, c
     rows = tl.arange(0, C)
     kk = tl.arange(0, KP)
     km = kk < K
-    prev = rows < t
-    cur = rows == t
-
-    q_t = tl.load(q_ptr + ih * K + kk, mask=km, other=0.0)
-    k_t = tl.load(k_ptr + ih * K + kk, mask=km, other=0.0)
-    g_t = tl.load(g_ptr + ih)
-    b_t = tl.load(b_ptr + ih)
-    g = tl.where(cur, g_t, tl.load(cg_ptr + sh * C + rows, mask=prev, other=0.0))
-    beta = tl.where(cur, b_t, tl.load(cb_ptr + sh * C + rows, mask=prev, other=0.0))
-    k = tl.load(ck_ptr + (sh * C + rows)[:, None] * K + kk[None, :], mask=prev[:, None] & km[None, :], other=0.0)
-    k = tl.where(cur[:, None], k_t[None, :], k)
-
-    G = cum_log_decay(g, C)
-    eG = tl.exp(G)
-    G_t = at(G, t, C)
-    drow = tl.where(rows <= t, tl.exp(tl.where(rows <= t, G_t - G, 0.0)), 0.0)
-    r16 = tl.arange(0, 16)
-    lhs = tl.where(r16[:, None] == 0, (k_t * b_t)[None, :], tl.where(r16[:, None] == 1, q_t[None, :], 0.0))
-    both = tl.dot(lhs, tl.trans(k), input_precision=DOTS)
-    a = tl.where(rows < t, row(both, 0, 16) * drow, 0.0)
-    qk_t = row(both, 1, 16) * drow
-    tm = tl.load(ct_ptr + (sh * C + rows)[:, None] * C + rows[None, :], mask=prev[:, None], other=0.0)
-    t_row = tl.where(cur, 1.0, tri_row(a, tm, DOTS))
-    kbg = (k * beta[:, None]) * eG[:, None]
-    w_t = row(tl.dot(as_row16(t_row), kbg, input_precision=DOTS), 0, 16)
-
+    _, _, G, t_row, qk_t, w_t, qd_t, k_t, g_t, b_t = _key_side(q_ptr, k_ptr, g_ptr, b_ptr, ck_ptr, cg_ptr, cb_ptr,
+                                                               ct_ptr, sh, ih, t, K, C, KP, DOTS)
     scr = scr_ptr + ih * (3 * C + 2 * KP)
     tl.store(scr + rows, t_row)
     tl.store(scr + C + rows, qk_t)
     tl.store(scr + 2 * C + rows, G)
     tl.store(scr + 3 * C + kk, w_t)
-    tl.store(scr + 3 * C + KP + kk, q_t * at(eG, t, C))
+    tl.store(scr + 3 * C + KP + kk, qd_t)
     tl.store(ck_ptr + (sh * C + t) * K + kk, k_t, mask=km)
     tl.store(cg_ptr + sh * C + t, g_t)
     tl.store(cb_ptr + sh * C + t, b_t)
@@ -266,10 +269,7 @@ def _decode_values_kernel(v_ptr, o_ptr, slot_ptr, pos_ptr, s_ptr, ck_ptr, cv_ptr
     rows = tl.arange(0, C)
     kk = tl.arange(0, KP)
     km = kk < K
-    vm = vv < V
-    sm = km[:, None] & vm[None, :]
-    prev = rows < t
-    cur = rows == t
+    sm = km[:, None] & (vv < V)[None, :]
     r16 = tl.arange(0, 16)
 
     scr = scr_ptr + ih * (3 * C + 2 * KP)
@@ -278,19 +278,7 @@ def _decode_values_kernel(v_ptr, o_ptr, slot_ptr, pos_ptr, s_ptr, ck_ptr, cv_ptr
     wq = tl.where(r16[:, None] == 0, tl.load(scr + 3 * C + kk)[None, :],
                   tl.where(r16[:, None] == 1, tl.load(scr + 3 * C + KP + kk)[None, :], 0.0))
     beta = tl.load(cb_ptr + sh * C + rows, mask=rows <= t, other=0.0)  # row t: this token's, stored by the rows kernel
-    v_t = tl.load(v_ptr + ih * V + vv, mask=vm, other=0.0)
-    v = tl.load(cv_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
-    v = tl.where(cur[:, None], v_t[None, :], v)
-    s = tl.load(s_ptr + (sh * K + kk)[:, None] * V + vv[None, :], mask=sm, other=0.0)
-    u0_t = row(tl.dot(t16, v * beta[:, None], input_precision=DOTS), 0, 16)
-    ws = tl.dot(wq, s, input_precision=DOTS)  # row 0: w_t S, row 1: (q_t exp(G_t)) S
-    u_t = u0_t - row(ws, 0, 16)
-    u = tl.load(cu_ptr + (sh * C + rows)[:, None] * V + vv[None, :], mask=prev[:, None] & vm[None, :], other=0.0)
-    u = tl.where(cur[:, None], u_t[None, :], u)
-    o_t = row(tl.dot(qk16, u, as_row16(row(ws, 1, 16)), input_precision=DOTS), 0, 16)
-    tl.store(o_ptr + ih * V + vv, o_t, mask=vm)
-    tl.store(cv_ptr + (sh * C + t) * V + vv, v_t, mask=vm)
-    tl.store(cu_ptr + (sh * C + t) * V + vv, u_t, mask=vm)
+    s, u = _value_block(v_ptr, o_ptr, s_ptr, cv_ptr, cu_ptr, sh, ih, t, vv, t16, wq, qk16, beta, K, V, C, KP, DOTS)
     if t == C - 1:  # the chunk is complete: this block of the next boundary state, as the trainer's scan computes it
         G = tl.load(scr + 2 * C + rows)
         G_t = at(G, t, C)
