@@ -266,13 +266,13 @@ def chunk_decode_triton(q, k, v, g, beta, slots, pos, cache: dict, dots: str = D
         return o
     slots, pos = slots.contiguous(), pos.to(torch.int32).contiguous()
     c = [cache[name] for name in ("ssm", "ck", "cv", "cg", "cb", "ct", "cu")]
+    # chain and split pass row t's key side through a scratch row: three C-rows (A or T's row, qk, G), two K-rows
+    scr = torch.empty(n, hv, 3 * CHUNK + 2 * kp, device=q.device, dtype=torch.float32) if kernel != "dot" else None
     if kernel == "chain":
-        scr = torch.empty(n, hv, 3 * CHUNK + 2 * kp, device=q.device, dtype=torch.float32)
         _launch("chain", _decode_chain_kernel, lambda bv: (n, hv), q, k, v, g, beta, o, slots, pos, *c, scr, hv, K=dk,
                 V=dv, C=CHUNK, KP=kp, **EXACT)
     elif kernel == "split":  # the key side's row into scr, then the value blocks from it
         ssm, ck, cv, cg, cb, ct, cu = c
-        scr = torch.empty(n, hv, 3 * CHUNK + 2 * kp, device=q.device, dtype=torch.float32)
         _decode_rows_kernel[(n, hv)](q, k, g, beta, slots, pos, ck, cg, cb, ct, scr, hv, K=dk, C=CHUNK, KP=kp,
                                      DOTS=dots, num_warps=NUM_WARPS["rows"], num_stages=NUM_STAGES["rows"], **EXACT)
         _launch("values", _decode_values_kernel, lambda bv: (n, hv, triton.cdiv(dv, bv)), v, o, slots, pos, ssm, ck,

@@ -7,8 +7,9 @@ open chunk's rows read and written in place in the generator's cache slots.
   forward substitution, w_t, q_t exp(G_t)) into a scratch row and appends the token's k, g, beta and T row to the
   open chunk; the second, one program per (sequence, head, value block), reads them and the state's value block
   for u_t, o_t and, when the chunk closes, the next boundary state. Each program is short and light, so many run
-  at once: the step is bound by the bytes it reads (the state and the open chunk's rows) rather than by one long
-  program's chain of dependent loads.
+  at once: 0.67x the one-program kernel's time at 64 sequences (results/gpu/suite_25dbe47). What remains is the
+  rows kernel's chain of small dots (~40% of the step) and the values kernel's reads (~1.5x their bytes' time at
+  the copy bandwidth; results/gpu/decode_split_2b3b761).
 - `_decode_kernel` ("dot"): the same products in one program per (sequence, head) (or VSPLIT programs, each
   recomputing the key side for its share of the value blocks).
 - `_decode_chain_kernel` ("chain", "ieee" only and its default there): every chain written as a loop of tl.fma.
