@@ -9,7 +9,8 @@ forward, every row sampled on the CPU from its generator, as the engine sampled 
 steps: --before_steps) and "eager_device" (eager forward, GPU sampling: what the graphs alone bring). For
 "after" the graph replay alone is timed too (the forward's GPU time; the rest of a step is host work and
 sampling). "fp32_head": as "after" with numerics lm_head=fp32 (the fp32 GEMM of a kept fp32 copy of the weight,
-ops/linear/head.py).
+ops/linear/head.py). "unstaged": as "after" with stage_ahead=False (each decode step scheduled only after the last
+one's samples are read back: the GPU idles while the host works).
 
 Memory floor per step = (weights read: every parameter but the embedding table, lm_head at bf16; KV read: c x
 the mean context x the attention layers' K and V; GDN state read and written once: c x layers x fp32 ssm) /
@@ -201,7 +202,7 @@ def main():
             model.set_numerics(mode)
             per = entry["modes"][mode] = {}
             for variant in variants:
-                after = variant in ("after", "fp32_head")
+                after = variant in ("after", "fp32_head", "unstaged")
                 graphs, device_sampling = after, variant != "before"
                 model.set_numerics({"name": mode, "lm_head": "fp32"} if variant == "fp32_head" else mode)
                 steps, warmup = (args.steps, args.warmup) if device_sampling else (args.before_steps, 1)
@@ -210,7 +211,7 @@ def main():
                 # every prompt's prefill pieces in the same steps: all sequences reach decode together
                 eng = Engine(model, max_slots=max(conc), max_batched_tokens=max(conc) * args.prompt, prefix_caching=False,
                              max_model_len=args.prompt + 2 + args.warmup + max(args.steps, args.before_steps),
-                             cuda_graphs=graphs, device_sampling=device_sampling)
+                             cuda_graphs=graphs, device_sampling=device_sampling, stage_ahead=variant != "unstaged")
                 per[variant] = []
                 per.setdefault("memory", eng.memory)
                 for c in run_c:
@@ -226,7 +227,7 @@ def main():
                         per[variant + "_errors"] = per.get(variant + "_errors", []) + [f"c={c}: {e!r}"]
                         eng = Engine(model, max_slots=max(conc), max_batched_tokens=max(conc) * args.prompt,
                                      prefix_caching=False, max_model_len=eng.max_model_len, cuda_graphs=graphs,
-                                     device_sampling=device_sampling)
+                                     device_sampling=device_sampling, stage_ahead=variant != "unstaged")
                         continue
                     fb = floor_bytes(model, c, r["ctx_mean"])
                     r["floor_bytes"] = fb
@@ -252,6 +253,10 @@ def main():
             for r in per.get("after", []):
                 if r["c"] in before:
                     r["speedup_vs_before"] = before[r["c"]] / r["itl_ms"]
+            unstaged = {r["c"]: r["itl_ms"] for r in per.get("unstaged", [])}
+            for r in per.get("after", []):
+                if r["c"] in unstaged:
+                    r["itl_vs_unstaged"] = r["itl_ms"] / unstaged[r["c"]]
         write_json(args, "h200_generator", res)
         del model
         gc.collect()

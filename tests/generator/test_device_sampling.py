@@ -208,3 +208,47 @@ def test_a_dropped_engine_frees_its_graphs_without_the_cycle_collector(micro_mod
     finally:
         if was_enabled:
             gc.enable()
+
+
+@pytest.mark.parametrize("mode,device_sampling", [("bi", True), ("bi_chunk", True), ("bi", False)])
+def test_staged_steps_change_no_bits(micro_model, mode, device_sampling):
+    """Engine.stage_ahead queues each steady decode step's inputs on the device a step ahead. With stop tokens
+    ending sequences at steps the host learns only afterwards, requests waiting for slots, shared prompts (prefix
+    hits), a weight swap and a multi-turn continuation, every token and logprob bit equals the engine's without
+    staging; the staged path ran, and staged steps were also dropped (a sample ended a sequence)."""
+    model = micro_model(mode, fresh=True)
+    base = prompts_of([70, 5, 130, 33, 9, 64, 80], seed=7)
+    prompts = base + [base[2][:BLOCK_SIZE + 3] + [1, 2]]  # shares a block with prompt 2: a prefix hit
+    stops = tuple(range(0, 256, 11))  # ~9% of the vocabulary: sequences end at unforeseen steps
+    params = [SamplingParams(max_new_tokens=12 + 3 * i, seed=i, stop_token_ids=stops, keep_cache=i == 1)
+              for i in range(len(prompts))]
+    swapped = {k: v + 1e-3 for k, v in model.state_dict().items()}
+
+    def run(stage_ahead):
+        eng = Engine(model, max_slots=3, cuda_graphs=True, device_sampling=device_sampling, stage_ahead=stage_ahead)
+        staged = []
+        stage = eng.runner.stage_decode
+        eng.runner.stage_decode = lambda seqs, ids: staged.append(stage(seqs, ids)) or staged[-1]
+        ids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
+        outs, step, continued = {}, 0, False
+        while eng.has_work() or not continued:
+            if step == 25:
+                eng.update_weights(swapped, policy="keep")
+            if ids[1] in eng.parked and not continued:
+                eng.continue_request(ids[1], [3, 4, 5], SamplingParams(max_new_tokens=10, seed=99, stop_token_ids=stops))
+                continued = True
+            for o in eng.step():
+                outs[(o.request_id, len(o.tokens))] = o
+            step += 1
+        return outs, len(staged), eng.runner.stats["staged_steps"]
+
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    with_staging, n_staged, n_replayed = run(True)
+    model.load_state_dict(original)
+    without, n_off, _ = run(False)
+    assert n_off == 0 and 0 < n_replayed < n_staged, (n_replayed, n_staged)
+    assert with_staging.keys() == without.keys()
+    for key, x in with_staging.items():
+        y = without[key]
+        assert x.tokens == y.tokens and x.versions == y.versions and x.finish_reason == y.finish_reason, key
+        assert torch.equal(x.logprob_tensor, y.logprob_tensor), key

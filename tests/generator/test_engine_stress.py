@@ -15,6 +15,7 @@ from gen_helpers import MICRO, VOCAB, assert_no_leak
 
 from zeromismatch.generator import Engine, SamplingParams
 from zeromismatch.generator.cache import BLOCK_SIZE
+from zeromismatch.generator.scheduler import Work
 from zeromismatch.models.qwen3_5 import build_model
 
 
@@ -47,7 +48,7 @@ def run_workload(seed: int, mode: str, iterations: int = 300, device_sampling: b
     eng = Engine(model, max_slots=rng.choice([4, 6, 8]), num_blocks=rng.choice([8, 10, 12]),
                  max_batched_tokens=rng.choice([64, 128]), max_model_len=512, cuda_graphs=True,
                  device_sampling=device_sampling)
-    execute, replay = eng.runner.execute, eng.runner._replay
+    execute, replay, replay_staged = eng.runner.execute, eng.runner._replay, eng.runner.replay_staged
     eng.stats["one_token_pieces"] = 0  # one-token pieces that sample nothing (a prefill cut at a block boundary)
 
     def checked_execute(work, tap=None):
@@ -59,7 +60,13 @@ def run_workload(seed: int, mode: str, iterations: int = 300, device_sampling: b
         assert all(w.n_tokens == 1 and w.samples for w in work), "a graph replay of a row that does not sample"
         return replay(work)
 
-    eng.runner.execute, eng.runner._replay = checked_execute, checked_replay
+    def checked_replay_staged(staged):  # a step queued a step ahead (Engine.stage_ahead) is checked the same way
+        check_state(eng, [Work(s, 1) for s in staged.seqs])
+        assert all(s.num_uncomputed == 1 for s in staged.seqs), "a staged row that is not the next decode row"
+        return replay_staged(staged)
+
+    eng.runner.execute, eng.runner._replay, eng.runner.replay_staged = (checked_execute, checked_replay,
+                                                                        checked_replay_staged)
     turns: dict[int, int] = {}
     prompts: list[list[int]] = []
     for i in range(iterations):
@@ -93,7 +100,8 @@ def run_workload(seed: int, mode: str, iterations: int = 300, device_sampling: b
 
 
 SEEDS = [0, 1, 4, 5]
-HARD_PATHS = ("preemptions", "parked_preemptions", "prefix_hit_tokens", "one_token_pieces", "mixed_steps")
+HARD_PATHS = ("preemptions", "parked_preemptions", "prefix_hit_tokens", "one_token_pieces", "mixed_steps",
+              "staged_steps")
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +120,8 @@ def test_random_multi_turn_workload_keeps_the_cache_consistent(mode, seed, reach
 
 def test_the_workloads_reach_the_hard_paths(reached):
     """The workloads above are not idle (else the checks could pass without reaching what they guard): they
-    preempt running and parked sequences, hit the prefix cache and cut one-token pieces at block boundaries, and
-    run decode rows by graph beside eager prefill pieces."""
+    preempt running and parked sequences, hit the prefix cache and cut one-token pieces at block boundaries, run
+    decode rows by graph beside eager prefill pieces, and replay steps staged a step ahead."""
     if not any(reached.values()):
         pytest.skip("run with the workload test above")
     missing = [k for k in HARD_PATHS if not reached[k]]

@@ -93,6 +93,31 @@ def _requests(vocab, n):
 
 
 @pytest.mark.parametrize("mode", ["bi", "bi_chunk"])
+def test_staged_steps_change_no_bits_on_the_device(mode):
+    """Engine.stage_ahead on CUDA: the next step's inputs are queued behind the current step on the stream (ids
+    copied on the device from samples the host has not read yet). Stop tokens end sequences after their next step
+    was staged, requests wait for slots: the same tokens and logprob bits as without staging, and both the staged
+    and the dropped-staging paths ran."""
+    model = _model("tiny", mode)
+    prompts, params = _requests(model.config.vocab_size, 7)
+    stops = tuple(range(0, model.config.vocab_size, 13))
+    params = [SamplingParams(max_new_tokens=p.max_new_tokens, seed=p.seed, temperature=p.temperature,
+                             stop_token_ids=stops) for p in params]
+    runs = {}
+    for stage_ahead in (True, False):
+        eng = Engine(model, max_slots=4, stage_ahead=stage_ahead)
+        staged = []
+        stage = eng.runner.stage_decode
+        eng.runner.stage_decode = lambda seqs, ids: staged.append(stage(seqs, ids)) or staged[-1]
+        runs[stage_ahead] = eng.generate(prompts, params), len(staged), eng.runner.stats["staged_steps"]
+    (on, n_staged, n_replayed), (off, n_off, _) = runs[True], runs[False]
+    assert n_off == 0 and 0 < n_replayed < n_staged, (n_replayed, n_staged)
+    assert any(o.finish_reason == "stop" for o in on)
+    for x, y in zip(on, off):
+        assert x.tokens == y.tokens and torch.equal(x.logprob_tensor, y.logprob_tensor)
+
+
+@pytest.mark.parametrize("mode", ["bi", "bi_chunk"])
 def test_graph_bucket_padding_changes_no_bits(mode):
     """3 sequences replayed in the 4-row graph (one padding row), each alone in the 1-row graph, and the eager
     engine: the same tokens and logprob bits."""

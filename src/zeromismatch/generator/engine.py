@@ -9,7 +9,9 @@
 The Engine keeps the requests (waiting, running, parked between turns) and the weight version; each step it
 admits waiting requests into free slots, schedules (scheduler.py), allocates the KV blocks the scheduled pieces
 write, executes one forward (model_runner.py), samples the sequences whose known tokens are now all computed,
-and retires finished ones. Slots, KV blocks and the prefix cache belong to kv_cache_manager.py.
+and retires finished ones. Slots, KV blocks and the prefix cache belong to kv_cache_manager.py. In steady decode
+(graph runner), the next step is staged on the device before this step's samples are read back (stage_ahead), so
+the host's bookkeeping runs while the GPU computes.
 
 Preemption (as vLLM v1): when the pieces need more blocks than are free after evicting prefix-cache entries,
 parked sequences (idle) and then running ones, most recently admitted first, drop their blocks and slot and
@@ -63,6 +65,7 @@ class Engine:
         cuda_graphs: bool | None = None,
         device_sampling: bool | None = None,
         piece_interval: int = 1,
+        stage_ahead: bool = True,
     ):
         """cuda_graphs: capture and replay decode steps per batch bucket (default: on CUDA, for models without
         routed experts; on a CPU device True runs the same bucketed, padded path without capture);
@@ -72,12 +75,19 @@ class Engine:
         step and wait in between (1: every step). A step with pieces runs them eagerly (only decode rows replay a
         graph), and a multi-turn task brings a tool turn's output nearly every step: holding pieces back a few
         steps runs them together in one eager forward. Which step computes a row changes none of its bits in
-        bi and bi_chunk (batch invariance)."""
+        bi and bi_chunk (batch invariance).
+        stage_ahead (graph runner only): when every running sequence decoded this step and the next step can only
+        be all of them decoding again (no request to admit, none finishing by length), queue that step's inputs on
+        the device before reading this step's samples back, and allocate its blocks; the next step then replays at
+        once unless a sample ended a sequence or the caller changed the engine in between, in which case it is
+        scheduled as usual. The host's scheduling then overlaps the GPU's work instead of leaving the GPU idle
+        between steps. Same rows, same graphs: no bit changes."""
         if swap_policy not in ("keep", "recompute"):
             raise ValueError(f"swap_policy must be 'keep' or 'recompute', got {swap_policy!r}")
         if int(piece_interval) < 1:
             raise ValueError(f"piece_interval must be >= 1, got {piece_interval!r}")
         self.piece_interval, self._pieces_held = int(piece_interval), 0
+        self.stage_ahead, self._staged = bool(stage_ahead), None
         self.model = model
         self.device = torch.device(device or next(model.parameters()).device)
         on_cuda = self.device.type == "cuda"
@@ -187,20 +197,26 @@ class Engine:
     def step(self) -> list[GenerationOutput]:
         """admit -> schedule -> allocate (preempting) -> execute -> sample -> retire; returns the requests this
         step finished."""
-        admitted = self._admit()
-        ready, hits = self.kv.lookup_prefixes(self.running)
-        work = schedule(ready, self.max_batched_tokens, self.max_slots, prefill=self._pieces_due(ready))
-        if not work:
-            if self.running:
-                raise RuntimeError("no sequence can make progress: raise max_batched_tokens")
-            return []
-        work = self._allocate(work, admitted)
-        # a hit given back by a preemption skipped nothing
-        self.stats["prefix_hit_tokens"] += sum(n for s, n in hits.items() if s.slot >= 0)
-        if not work:
-            return []
+        staged, self._staged = self._staged, None
+        if staged is not None and self._still_next(staged):
+            work = [Work(s, 1) for s in staged.seqs]  # what schedule() would return: every running row decodes
+            self._pieces_held = 0
+        else:
+            staged = None
+            admitted = self._admit()
+            ready, hits = self.kv.lookup_prefixes(self.running)
+            work = schedule(ready, self.max_batched_tokens, self.max_slots, prefill=self._pieces_due(ready))
+            if not work:
+                if self.running:
+                    raise RuntimeError("no sequence can make progress: raise max_batched_tokens")
+                return []
+            work = self._allocate(work, admitted)
+            # a hit given back by a preemption skipped nothing
+            self.stats["prefix_hit_tokens"] += sum(n for s, n in hits.items() if s.slot >= 0)
+            if not work:
+                return []
         t0 = time.perf_counter()
-        logits = self.runner.execute(work, self.tap)
+        logits = self.runner.replay_staged(staged) if staged else self.runner.execute(work, self.tap)
         to_sample = [w.seq for w in work if w.samples]
         if logits.shape[0] != len(to_sample):  # a host fact: a row of another sequence would be sampled
             raise RuntimeError(f"the model runner returned {logits.shape[0]} logit rows for {len(to_sample)} "
@@ -211,6 +227,7 @@ class Engine:
                                                 [s.num_tokens for s in to_sample])
         else:
             tokens, logprobs = sample(logits, params, [s.gen for s in to_sample])
+        self._staged = self._stage_next(work, tokens)  # before the samples come back: the GPU keeps working
         tokens, logprobs = _to_host(tokens, logprobs)
         self.stats["forward_s"] += time.perf_counter() - t0
         self.stats["steps"] += 1
@@ -220,6 +237,34 @@ class Engine:
             self.kv.cache_prefix(w.seq)
         finished = self._append_samples(to_sample, tokens, logprobs)
         return [self._retire(s) for s in finished]
+
+    def _stage_next(self, work: list[Work], tokens: torch.Tensor):
+        """The next step's inputs queued on the device (stage_ahead), or None when that step may differ from
+        every running sequence decoding one token: this step had other pieces or left a sequence out, a waiting
+        request would be admitted, a sequence ends by length now, or a block it needs is not free (allocating
+        it would evict or preempt: left to the scheduled path)."""
+        if not (self.stage_ahead and self.runner.cuda_graphs and self.tap is None):
+            return None
+        seqs = [w.seq for w in work]
+        if seqs != self.running or not all(w.n_tokens == 1 and w.samples for w in work):
+            return None
+        if self.waiting and self.kv.has_free_slot():
+            return None
+        if any(len(s.generated) - s.turn_start + 1 >= s.params.max_new_tokens for s in seqs):
+            return None
+        # the next step writes position num_computed + 1 of each sequence
+        need = sum(max(0, (s.num_computed + 2 + BLOCK_SIZE - 1) // BLOCK_SIZE - len(s.block_table)) for s in seqs)
+        if need > self.kv.alloc.num_free():
+            return None
+        for s in seqs:
+            self.kv.allocate_blocks(s, s.num_computed + 2)
+        return self.runner.stage_decode(seqs, tokens)
+
+    def _still_next(self, staged) -> bool:
+        """Whether the staged step is still what the scheduler would run now: the same sequences running, in the
+        same order (none finished, none continued), nothing to admit, no audit tap, the graph runner on."""
+        return (staged.seqs == self.running and self.tap is None and self.runner.cuda_graphs
+                and not (self.waiting and self.kv.has_free_slot()))
 
     def _pieces_due(self, ready: list[Sequence]) -> bool:
         """Whether prefill pieces join this step (piece_interval): always when no decode row would run without
@@ -257,6 +302,7 @@ class Engine:
         policy = policy or self.swap_policy
         if policy not in ("keep", "recompute"):
             raise ValueError(f"policy must be 'keep' or 'recompute', got {policy!r}")
+        self._staged = None  # a 'recompute' swap moves every sequence back; a staged step is simply scheduled again
         self.runner.load_weights(state_dict)
         self.version = self.version + 1 if version is None else version
         self.kv.clear_prefix_cache()

@@ -16,7 +16,11 @@ output buffer until the next replay. Models with routed experts run eagerly (ops
 a captured MoE step is not yet verified on a GPU). On a CPU device the same bucketed path runs over the same static buffers without
 capture (tests/generator check the padding there, and under Triton's interpreter the CUDA ops' forms).
 
-The Engine sees `execute(work) -> logits` and `load_weights(state_dict)`.
+Staged steps: while the GPU runs a decode step, the engine can queue the next one's inputs behind it
+(`stage_decode`: positions, slots and tables from the host, token ids copied on the device from the samples not yet
+read back), so that once the host has read the samples the next replay starts with nothing left to prepare.
+
+The Engine sees `execute(work) -> logits`, `stage_decode` / `replay_staged` and `load_weights(state_dict)`.
 """
 
 from __future__ import annotations
@@ -71,6 +75,14 @@ class _DecodeGraph:
             self.graph.replay()
 
 
+@dataclass
+class StagedDecode:
+    """A decode step whose inputs are already on the device (ModelRunner.stage_decode)."""
+
+    seqs: list  # the sequences of its rows, in order
+    graph: _DecodeGraph
+
+
 class ModelRunner:
     def __init__(self, model, storage: CacheStorage, device, cuda_graphs: bool = False, max_blocks_per_seq: int = 64):
         self.model, self.storage, self.device = model, storage, device
@@ -86,7 +98,8 @@ class ModelRunner:
         self.width_buckets = tuple(self.width_buckets) + (max_blocks_per_seq,)
         self.graphs: dict[tuple[int, int], _DecodeGraph] = {}
         self.pool = None
-        self.stats = {"graph_steps": 0, "eager_steps": 0, "mixed_steps": 0, "captures": 0}  # mixed: both at once
+        # mixed: graph and eager rows in one step; staged: graph steps whose inputs were queued a step ahead
+        self.stats = {"graph_steps": 0, "eager_steps": 0, "mixed_steps": 0, "captures": 0, "staged_steps": 0}
 
     def execute(self, work: list[Work], tap=None) -> torch.Tensor:
         """fp32 logits [R, V], one row per piece that samples (Work.samples), in work order.
@@ -136,23 +149,47 @@ class ModelRunner:
 
     # ----------------------------------------------------------------------------------- CUDA graphs
     def _replay(self, work: list[Work]) -> torch.Tensor:
-        b = len(work)
+        seqs = [w.seq for w in work]
+        g = self._load_decode_inputs(seqs, [s.num_computed for s in seqs], [s.tokens[s.num_computed] for s in seqs])
+        return self._run_graph(g, len(seqs))
+
+    def stage_decode(self, seqs: list, ids: torch.Tensor) -> StagedDecode:
+        """Queue the inputs of the next step on the device behind the current one, before the host has read this
+        step's samples: each of `seqs` decodes one token further, its id taken from `ids` (this step's sampled
+        tokens, on the device). The caller allocated the blocks those tokens write. The graph reads its inputs
+        only when replayed, in stream order, so a staged step that is not run changes nothing."""
+        g = self._load_decode_inputs(seqs, [s.num_computed + 1 for s in seqs], None)
+        g.meta[: len(seqs)].copy_(ids, non_blocking=True)
+        return StagedDecode(list(seqs), g)
+
+    def replay_staged(self, staged: StagedDecode) -> torch.Tensor:
+        """fp32 logits [B, V] of a staged step (its sequences' decode rows, in their order)."""
+        self.stats["staged_steps"] += 1
+        return self._run_graph(staged.graph, len(staged.seqs))
+
+    def _load_decode_inputs(self, seqs: list, positions: list[int], ids: list[int] | None) -> _DecodeGraph:
+        """The graph of the step's bucket (captured on first use) with the rows' ids (None: zeros, for the caller
+        to fill on the device), positions, slots and block tables copied into its static buffer in one transfer."""
+        b = len(seqs)
         bb = bucket_of(b, self.batch_buckets)
-        need = max((w.seq.num_computed + 1 + BLOCK_SIZE - 1) // BLOCK_SIZE for w in work)
+        need = max((p + 1 + BLOCK_SIZE - 1) // BLOCK_SIZE for p in positions)
         width = bucket_of(need, self.width_buckets)
         g = self.graphs.get((bb, width)) or self._capture(bb, width)
         spare_slot, spare_block = self.storage.max_slots, self.storage.num_blocks
         pad = bb - b
         tables = []
-        for w in work:
-            t = w.seq.block_table[:width]
+        for s in seqs:
+            t = s.block_table[:width]
             tables.extend(t + [spare_block] * (width - len(t)))
         host = torch.tensor(
-            [w.seq.tokens[w.seq.num_computed] for w in work] + [0] * pad
-            + [w.seq.num_computed for w in work] + [0] * pad
-            + [w.seq.slot for w in work] + [spare_slot] * pad
+            (ids if ids is not None else [0] * b) + [0] * pad
+            + positions + [0] * pad
+            + [s.slot for s in seqs] + [spare_slot] * pad
             + tables + [spare_block] * (pad * width))
         g.meta.copy_(host, non_blocking=True)
+        return g
+
+    def _run_graph(self, g: _DecodeGraph, b: int) -> torch.Tensor:
         with torch.no_grad():
             self.model.refresh_lm_head_copy()  # in place: the fp32 cast a graph may read, if the weights moved
         g.replay()
