@@ -137,6 +137,18 @@ def test_gated_element_invariant_and_close(act):
     assert (full == ref).float().mean() > 0.95
 
 
+def test_gated_reads_a_merged_projection_in_place():
+    """The MLP's [gate | up] GEMM output, both halves strided row views: the same bits as dense copies and per row."""
+    from zeromismatch.ops.fused import triton as k
+
+    n, f = 3000, 12288
+    gate, up = _randn(n, 2 * f, seed=20, scale=3).split(f, dim=-1)
+    full = k.gated(up, gate, "silu")
+    assert torch.equal(full, k.gated(up.contiguous(), gate.contiguous(), "silu"))
+    for rows in (slice(0, 1), slice(2999, 3000), slice(7, 900)):
+        assert torch.equal(k.gated(up[rows], gate[rows], "silu"), full[rows]), rows
+
+
 def test_qk_l2norm_row_invariant_and_close():
     from zeromismatch.ops.fused import naive, triton as k
 

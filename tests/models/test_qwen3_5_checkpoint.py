@@ -15,7 +15,7 @@ from zeromismatch.models.qwen3_5 import (
     load_state_dict_from_dir,
     save_checkpoint,
 )
-from zeromismatch.models.qwen3_5.checkpoint import INDEX_NAME
+from zeromismatch.models.qwen3_5.checkpoint import INDEX_NAME, checkpoint_tensors
 
 SMALL = dict(vocab_size=512)
 
@@ -53,7 +53,15 @@ def test_round_trip_is_bitwise_and_sharded(tmp_path, dtype):
     index = json.loads((tmp_path / INDEX_NAME).read_text())
     assert len(shards(tmp_path)) >= 2
     assert sorted(set(index["weight_map"].values())) == [f.name for f in shards(tmp_path)]
-    assert index["weight_map"].keys() == model.state_dict().keys()
+    assert index["weight_map"].keys() == checkpoint_tensors(model.state_dict()).keys()
+    # the published names: merged projections stored as their halves, gate / b first
+    layer = model.model.layers[0]
+    stored = {k: v for f in shards(tmp_path) for k, v in load_file(f).items()}
+    assert not any(k.endswith(("gate_up_proj.weight", "in_proj_ba.weight")) for k in stored)
+    inter, hv = layer.mlp.shared_expert.inter, layer.linear_attn.hv
+    assert torch.equal(stored["model.layers.0.mlp.shared_expert.gate_proj.weight"],
+                       layer.mlp.shared_expert.gate_up_proj.weight[:inter])
+    assert torch.equal(stored["model.layers.0.linear_attn.in_proj_a.weight"], layer.linear_attn.in_proj_ba.weight[hv:])
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "qwen3_5_moe_text"
 
     loaded = load_checkpoint(tmp_path, numerics="bi")
@@ -86,7 +94,7 @@ def test_multimodal_per_expert_layout(moe, tmp_path):
     head alongside (skipped), routed experts stored one by one."""
     model, path = moe
     mm = {}
-    for k, v in model.state_dict().items():
+    for k, v in checkpoint_tensors(model.state_dict()).items():
         k = k.replace("model.", "model.language_model.", 1)
         if k.endswith("experts.gate_up_proj"):
             base = k.removesuffix(".gate_up_proj")
@@ -210,5 +218,6 @@ def test_published_presets_on_meta(preset, n_params, shapes):
     params = dict(model.named_parameters())
     assert all(p.is_meta for p in params.values())
     assert model.num_parameters() == pytest.approx(n_params, rel=1e-3)
+    stored = {k: tuple(v.shape) for k, v in checkpoint_tensors(params).items()}  # under the published names
     for name, shape in shapes.items():
-        assert tuple(params[name].shape) == shape, name
+        assert stored[name] == shape, name

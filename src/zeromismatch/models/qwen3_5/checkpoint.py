@@ -4,6 +4,9 @@ Save writes config.json (the text config), model-0000i-of-0000n.safetensors shar
 model.safetensors.index.json, with tensor names exactly as transformers' Qwen3_5ForCausalLM /
 Qwen3_5MoeForCausalLM name them (routed experts fused: gate_up_proj [E, 2I, H], down_proj [E, H, I]).
 
+The model computes two pairs of projections as one GEMM each (mlp gate_up_proj = [gate_proj; up_proj], GDN
+in_proj_ba = [in_proj_b; in_proj_a]); save splits them and load concatenates them (`checkpoint_tensors`).
+
 Load accepts our saves, transformers' text-only saves (sharded or a single model.safetensors) and the published
 multimodal layout (Qwen3_5ForConditionalGeneration: text weights under model.language_model., config under
 text_config); the vision tower (model.visual.) and the multi-token-prediction head (mtp.) are skipped. Routed
@@ -31,6 +34,9 @@ SINGLE_FILE_NAME = "model.safetensors"
 SKIPPED_PREFIXES = ("model.visual.", "mtp.")  # parts of the published checkpoint outside the text model
 _MULTIMODAL_PREFIX = "model.language_model."
 _PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.\d+\.(?:gate|up|down)_proj\.weight$")
+# projections this model computes as one GEMM (as vLLM does) and checkpoints store as two row halves, in order
+_MERGED = {"gate_up_proj.weight": ("gate_proj.weight", "up_proj.weight"),
+           "in_proj_ba.weight": ("in_proj_b.weight", "in_proj_a.weight")}
 
 
 class CheckpointError(RuntimeError):
@@ -46,7 +52,7 @@ def save_checkpoint(model: Qwen35ForCausalLM, out_dir: str | Path, max_shard_byt
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.config
-    tensors = model.state_dict()
+    tensors = checkpoint_tensors(model.state_dict())
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight")
 
@@ -73,6 +79,30 @@ def save_checkpoint(model: Qwen35ForCausalLM, out_dir: str | Path, max_shard_byt
     hf = cfg.to_hf_dict()
     hf["dtype"] = str(model.model.embed_tokens.weight.dtype).removeprefix("torch.")
     _write_json(out / CONFIG_NAME, hf)
+    return out
+
+
+def merged_parts(name: str) -> tuple[str, str] | None:
+    """The checkpoint names of a merged parameter's two row halves (mlp gate_up_proj -> gate_proj, up_proj; GDN
+    in_proj_ba -> in_proj_b, in_proj_a), or None for a parameter stored as it is."""
+    for merged, parts in _MERGED.items():
+        if name.endswith("." + merged):
+            prefix = name[: -len(merged)]
+            return prefix + parts[0], prefix + parts[1]
+    return None
+
+
+def checkpoint_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's tensors under the checkpoint's names: merged projections split into their halves (copies: a
+    safetensors file holds no two views of one storage)."""
+    out = {}
+    for name, t in state_dict.items():
+        parts = merged_parts(name)
+        if parts is None:
+            out[name] = t
+        else:
+            for part, half in zip(parts, t.chunk(2)):
+                out[part] = half.clone()
     return out
 
 
@@ -194,8 +224,10 @@ def _our_name(key: str) -> str:
 
 def _sources(target: str, shape: torch.Size, per_expert: set[str]):
     """The checkpoint tensors (our names) that make up parameter `target`, each with its expected shape, and how
-    to combine them: "copy", or for experts stored one by one "gate_up" (stack over experts of cat(gate, up))
-    and "stack"."""
+    to combine them: "copy", "cat" (a merged projection's halves), or for experts stored one by one "gate_up"
+    (stack over experts of cat(gate, up)) and "stack"."""
+    if parts := merged_parts(target):
+        return [(part, (shape[0] // 2, *shape[1:])) for part in parts], "cat"
     base, _, leaf = target.rpartition(".")
     if base not in per_expert:
         return [(target, tuple(shape))], "copy"
@@ -209,6 +241,8 @@ def _sources(target: str, shape: torch.Size, per_expert: set[str]):
 def _combine(kind: str, tensors: list[torch.Tensor]) -> torch.Tensor:
     if kind == "copy":
         return tensors[0]
+    if kind == "cat":
+        return torch.cat(tensors)
     if kind == "gate_up":
         return torch.stack([torch.cat(tensors[i : i + 2]) for i in range(0, len(tensors), 2)])
     return torch.stack(tensors)

@@ -2,7 +2,9 @@
 both the trainer (packed sequences, no cache) and the generator (prefill / decode against its cache).
 
 Parameter names and shapes follow the published checkpoints (transformers' Qwen3_5ForCausalLM /
-Qwen3_5MoeForCausalLM), so `checkpoint.py` maps files onto this module one to one.
+Qwen3_5MoeForCausalLM), except two pairs of projections computed as one GEMM each, as vLLM computes them (MLP
+gate_up_proj = [gate_proj; up_proj], GDN in_proj_ba = [in_proj_b; in_proj_a]): `checkpoint.py` maps files onto
+this module, concatenating those on load and splitting them on save.
 
 Numerics (which linear, activations, attention and GDN backend) come from `numerics.get_numerics`; the model
 never branches on the mode or the device: each op and the GDN backend do (ops/).
@@ -77,8 +79,7 @@ class GatedDeltaNet(nn.Module):
         self.value_dim, self.conv_dim = self.heads.value_dim, self.heads.conv_dim
         self.in_proj_qkv = Linear(cfg.hidden_size, self.conv_dim)
         self.in_proj_z = Linear(cfg.hidden_size, self.value_dim)
-        self.in_proj_b = Linear(cfg.hidden_size, self.hv)
-        self.in_proj_a = Linear(cfg.hidden_size, self.hv)
+        self.in_proj_ba = Linear(cfg.hidden_size, 2 * self.hv)  # [b; a]: one GEMM (checkpoints: in_proj_b, in_proj_a)
         # stored as nn.Conv1d's weight [C, 1, W] (checkpoint layout); used by ops.conv
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.linear_conv_kernel_dim, groups=self.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
@@ -90,8 +91,8 @@ class GatedDeltaNet(nn.Module):
         lay, name, cache = ctx.layout, f"layers.{self.layer_idx}.gdn", ctx.cache
         qkv = self.in_proj_qkv(x, nx)
         z = self.in_proj_z(x, nx)
-        g, beta = fused.gdn_gates(self.in_proj_a(x, nx), self.in_proj_b(x, nx), self.A_log, self.dt_bias, nx.softplus,
-                                  nx.sigmoid)
+        b, a = self.in_proj_ba(x, nx).split(self.hv, dim=-1)  # views, read in place by the gates kernel
+        g, beta = fused.gdn_gates(a, b, self.A_log, self.dt_bias, nx.softplus, nx.sigmoid)
         ctx.record(f"{name}.in_proj", qkv)
 
         conv_w = self.conv1d.weight.squeeze(1)
@@ -192,12 +193,13 @@ class GatedAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, inter: int):
         super().__init__()
-        self.gate_proj = Linear(hidden, inter)
-        self.up_proj = Linear(hidden, inter)
+        self.inter = inter
+        self.gate_up_proj = Linear(hidden, 2 * inter)  # [gate; up]: one GEMM (checkpoints: gate_proj, up_proj)
         self.down_proj = Linear(inter, hidden)
 
     def forward(self, x: torch.Tensor, nx: Numerics) -> torch.Tensor:
-        return self.down_proj(fused.gated(self.up_proj(x, nx), self.gate_proj(x, nx), nx.silu, "silu"), nx)
+        gate, up = self.gate_up_proj(x, nx).split(self.inter, dim=-1)  # views, read in place by the gated kernel
+        return self.down_proj(fused.gated(up, gate, nx.silu, "silu"), nx)
 
 
 class Router(nn.Module):

@@ -134,14 +134,16 @@ def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, o_ptr, n_rows, heads, stride_
         tl.store(out + cc[None, :], tl.load(x_ptr + base[:, None] + cc[None, :], mask=mm, other=0.0), mask=mm)
 
 
-@triton.jit(do_not_specialize=["n", "F", "D", "stride_gt", "stride_gh"])
-def _gated_kernel(x_ptr, g_ptr, o_ptr, n, F, D, stride_gt, stride_gh, SILU: tl.constexpr, BLOCK: tl.constexpr):
-    # element e = (token, head, col) of x [N, F]; the gate's element at token * stride_gt + head * stride_gh + col
+@triton.jit(do_not_specialize=["n", "F", "D", "stride_x", "stride_gt", "stride_gh"])
+def _gated_kernel(x_ptr, g_ptr, o_ptr, n, F, D, stride_x, stride_gt, stride_gh, SILU: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    # element e = (token, head, col) of the output [N, F]: x's at token * stride_x + col (a row of a wider
+    # projection, read in place), the gate's at token * stride_gt + head * stride_gh + col
     e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = e < n
     tok, r = e // F, e % F
     g = tl.load(g_ptr + tok * stride_gt + (r // D) * stride_gh + r % D, mask=m, other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + e, mask=m, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + tok * stride_x + r, mask=m, other=0.0).to(tl.float32)
     ty = o_ptr.dtype.element_ty
     if SILU:
         a = silu(g)
@@ -245,20 +247,23 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
 def gated(x: torch.Tensor, gate: torch.Tensor, act: str) -> torch.Tensor:
     if act not in ("silu", "sigmoid"):
         raise ValueError(f"fused.gated: act={act!r}; the kernel has 'silu' and 'sigmoid'")
-    x = x.contiguous()
     f = x.shape[-1]
+    x2 = x.reshape(-1, f)  # a view for [N, F] row slices of a wider projection (MLP's up half) and dense x
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     if gate.dim() == 3 and gate.stride(-1) == 1:
         d, sgt, sgh = gate.shape[-1], gate.stride(0), gate.stride(1)
-    else:  # x's layout: rows of f elements
-        gate = gate.reshape(x.shape).contiguous()
+    elif gate.shape == x2.shape and gate.stride(-1) == 1:  # rows of f elements, read in place (MLP's gate half)
+        d, sgt, sgh = f, gate.stride(0), 0
+    else:
+        gate = gate.reshape(x2.shape).contiguous()
         d, sgt, sgh = f, f, 0
-    out = torch.empty_like(x)
-    n = x.numel()
+    out = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
+    n = out.numel()
     if n:
         block = 1024
-        _gated_kernel[(triton.cdiv(n, block),)](x, gate, out, n, f, d, sgt, sgh, SILU=act == "silu", BLOCK=block,
-                                                 num_warps=4, **EXACT)
-    return out
+        _gated_kernel[(triton.cdiv(n, block),)](x2, gate, out, n, f, d, x2.stride(0), sgt, sgh, SILU=act == "silu",
+                                                 BLOCK=block, num_warps=4, **EXACT)
+    return out.reshape(x.shape)
 
 
 def qk_l2norm(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
