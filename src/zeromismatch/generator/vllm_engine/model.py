@@ -29,6 +29,7 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
+from ...models.qwen3_5.checkpoint import merged_half
 from ...models.qwen3_5.config import Qwen35Config
 from ...models.qwen3_5.model import Qwen35ForCausalLM
 from ...numerics import get_numerics
@@ -217,9 +218,14 @@ class ZeroMismatchForCausalLM(nn.Module):
         params = dict(self.net.named_parameters(remove_duplicate=False))
         loaded = set()
         for name, t in weights:
-            if name not in params:
+            half = merged_half(name) if name not in params else None  # gate_proj -> gate_up_proj's first half
+            if half is not None and half[0] in params:
+                name, dst = half[0], params[half[0]].chunk(2)[half[1]]
+            elif name in params:
+                dst = params[name]
+            else:
                 raise KeyError(f"vLLM weight load: unknown tensor {name!r}")
-            params[name].copy_(t.to(params[name].dtype))
+            dst.copy_(t.to(dst.dtype))
             loaded.add(f"net.{name}")
         if self.config.tie_word_embeddings:
             loaded.add("net.lm_head.weight")

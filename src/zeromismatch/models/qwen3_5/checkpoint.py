@@ -92,6 +92,15 @@ def merged_parts(name: str) -> tuple[str, str] | None:
     return None
 
 
+def merged_half(name: str) -> tuple[str, int] | None:
+    """For a checkpoint name that is half of a merged parameter: (that parameter's name, 0 or 1); else None."""
+    for merged, parts in _MERGED.items():
+        for i, part in enumerate(parts):
+            if name.endswith("." + part):
+                return name[: -len(part)] + merged, i
+    return None
+
+
 def checkpoint_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The model's tensors under the checkpoint's names: merged projections split into their halves (copies: a
     safetensors file holds no two views of one storage)."""
