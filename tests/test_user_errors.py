@@ -99,6 +99,25 @@ def test_corrupt_checkpoint_index_is_one_line(tmp_path):
     assert _one_line(e) == f"{index}:1: not valid JSON (Expecting value, column 16)"
 
 
+def test_rl_checkpoint_from_before_the_merged_projections_is_one_line(tmp_path):
+    """A checkpoint.pt whose model stores gate_proj / up_proj on their own (runs before the merged projections)
+    stops the resume with one line naming the file and what to do; a current one loads."""
+    import torch
+
+    from zeromismatch.models.qwen3_5.checkpoint import checkpoint_tensors
+    from zeromismatch.orchestration.checkpoint import load_rl_checkpoint
+
+    sd = build_model("tiny", "stock", seed=0).state_dict()
+    for name, model in (("old", checkpoint_tensors(sd)), ("new", sd)):
+        (tmp_path / name).mkdir()
+        torch.save({"trainer": {"model": model, "version": 3}}, tmp_path / name / "checkpoint.pt")
+    with pytest.raises(InputFileError) as e:
+        load_rl_checkpoint(tmp_path / "old")
+    assert _one_line(e).startswith(f"{tmp_path / 'old' / 'checkpoint.pt'}: its model stores model.layers.0.")
+    assert "resume it from a checkout before that commit" in str(e.value)
+    assert load_rl_checkpoint(tmp_path / "new")["trainer"]["version"] == 3
+
+
 def test_missing_checkpoint_files_keep_their_builtin_type(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"no config.json in checkpoint directory"):
         load_checkpoint(tmp_path)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import InputFileError
+from ..models.qwen3_5.checkpoint import merged_half
 from ..rl.offpolicy import RunAheadBuffer
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -72,7 +74,16 @@ def load_rl_checkpoint(resume: str | Path | None) -> dict | None:
     """The checkpoint named by ``resume`` (None: a fresh run), on the CPU: its weights and optimizer state are
     copied into the run's model and optimizer wherever they live (load_state_dict), the RNG states must be
     CPU tensors, and a run saved on a GPU resumes on any machine."""
-    return torch.load(checkpoint_file(resume), map_location="cpu", weights_only=False) if resume else None
+    if not resume:
+        return None
+    path = checkpoint_file(resume)
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    old = [k for k in ckpt["trainer"]["model"] if merged_half(k) is not None]
+    if old:  # its optimizer state is laid out per parameter too: no in-place conversion
+        raise InputFileError(f"{path}: its model stores {old[0]} on its own, as runs before the merged gate_up_proj / "
+                             "in_proj_ba did (commit a569049); resume it from a checkout before that commit, or start a "
+                             "new run")
+    return ckpt
 
 
 def restore_trainer(trainer, ckpt: dict) -> None:
