@@ -22,6 +22,16 @@ from .rows_triton import as_row16, at, cum_log_decay, row, tri_row
 
 
 @triton.jit
+def _token_head(slot_ptr, pos_ptr, HV):
+    """This program's (sequence, head), grid axes 0 and 1: (sh: its row of the slot-indexed cache, ih: its row of
+    the step's token tensors, t: the token's position in its open chunk)."""
+    i = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + i).to(tl.int64)
+    return slot * HV + h, i * HV + h, tl.load(pos_ptr + i)
+
+
+@triton.jit
 def _key_side(q_ptr, k_ptr, g_ptr, b_ptr, ck_ptr, cg_ptr, cb_ptr, ct_ptr, sh, ih, t,
               K: tl.constexpr, C: tl.constexpr, KP: tl.constexpr, DOTS: tl.constexpr):
     """The key side of row t on the chunk so far (cached rows < t, this token at row t, zeros after), with the
@@ -93,13 +103,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos_ptr,
                    DOTS: tl.constexpr, VSPLIT: tl.constexpr):
     """The whole step in one program per (sequence, head): its key side, then its value blocks (or VSPLIT
     programs, each recomputing the key side for its share of the value blocks)."""
-    i = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    sh, ih, t = _token_head(slot_ptr, pos_ptr, HV)
     part = tl.program_id(2)  # which VSPLIT-th of the value blocks this program computes (the rest is shared)
-    slot = tl.load(slot_ptr + i).to(tl.int64)
-    t = tl.load(pos_ptr + i)  # position of this token in its open chunk
-    sh = slot * HV + h
-    ih = i * HV + h
     rows = tl.arange(0, C)
     kk = tl.arange(0, KP)
     km = kk < K
@@ -135,12 +140,7 @@ def _decode_chain_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, slot_ptr, pos
     """The decode step with every chain written out as a loop of tl.fma over its index (no 16-row padding): the
     same chains as `_decode_kernel` in the ieee arithmetic, whose tl.dot lowers to fused multiply-adds
     (tests/gpu checks its bits every GPU run)."""
-    i = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    slot = tl.load(slot_ptr + i).to(tl.int64)
-    t = tl.load(pos_ptr + i)
-    sh = slot * HV + h
-    ih = i * HV + h
+    sh, ih, t = _token_head(slot_ptr, pos_ptr, HV)
     rows = tl.arange(0, C)
     kk = tl.arange(0, KP)
     km = kk < K
@@ -231,12 +231,7 @@ def _decode_rows_kernel(q_ptr, k_ptr, g_ptr, b_ptr, slot_ptr, pos_ptr, ck_ptr, c
     """The key side of row t (`_key_side`, as `_decode_kernel` computes it) into a scratch row [T row t | qk_t | G |
     w_t | q_t exp(G_t)]; the token's k, g, beta and T row appended to the open chunk (the values kernel reads them
     back)."""
-    i = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    slot = tl.load(slot_ptr + i).to(tl.int64)
-    t = tl.load(pos_ptr + i)
-    sh = slot * HV + h
-    ih = i * HV + h
+    sh, ih, t = _token_head(slot_ptr, pos_ptr, HV)
     rows = tl.arange(0, C)
     kk = tl.arange(0, KP)
     km = kk < K
@@ -260,13 +255,8 @@ def _decode_values_kernel(v_ptr, o_ptr, slot_ptr, pos_ptr, s_ptr, ck_ptr, cv_ptr
                           DOTS: tl.constexpr):
     """One value block of row t from the rows kernel's scratch row: u_t, o_t, and the block of the next boundary
     state when the chunk closes; the same tiles and products as `_decode_kernel`'s value loop."""
-    i = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    sh, ih, t = _token_head(slot_ptr, pos_ptr, HV)
     vv = tl.program_id(2) * BV + tl.arange(0, BV)
-    slot = tl.load(slot_ptr + i).to(tl.int64)
-    t = tl.load(pos_ptr + i)
-    sh = slot * HV + h
-    ih = i * HV + h
     rows = tl.arange(0, C)
     kk = tl.arange(0, KP)
     km = kk < K
