@@ -253,7 +253,7 @@ class Engine:
         if any(len(s.generated) - s.turn_start + 1 >= s.params.max_new_tokens for s in seqs):
             return None
         # the next step writes position num_computed + 1 of each sequence
-        need = sum(max(0, (s.num_computed + 2 + BLOCK_SIZE - 1) // BLOCK_SIZE - len(s.block_table)) for s in seqs)
+        need = sum(max(0, self.kv.blocks_needed(s, s.num_computed + 2)) for s in seqs)
         if need > self.kv.alloc.num_free():
             return None
         for s in seqs:

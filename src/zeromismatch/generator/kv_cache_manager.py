@@ -85,10 +85,15 @@ class KVCacheManager:
         s.stale_cache = False  # the recompute runs under the weights of its time only
 
     # --------------------------------------------------------------------------------------- blocks
+    @staticmethod
+    def blocks_needed(s: Sequence, n_tokens: int) -> int:
+        """How many blocks the sequence's table lacks to hold n_tokens (<= 0: none)."""
+        return (n_tokens + BLOCK_SIZE - 1) // BLOCK_SIZE - len(s.block_table)
+
     def allocate_blocks(self, s: Sequence, n_tokens: int) -> bool:
         """Grow the block table to hold n_tokens, evicting prefix-cache entries when the free list runs short.
         Returns False, allocating nothing, when even that leaves too few blocks (the caller preempts)."""
-        need = (n_tokens + BLOCK_SIZE - 1) // BLOCK_SIZE - len(s.block_table)
+        need = self.blocks_needed(s, n_tokens)
         if need > 0 and self.prefix is not None:
             self.prefix.evict_for_space(need)
         if need > self.alloc.num_free():
