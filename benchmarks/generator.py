@@ -208,10 +208,15 @@ def main():
                 steps, warmup = (args.steps, args.warmup) if device_sampling else (args.before_steps, 1)
                 run_c = conc if variant != "eager_device" else [c for c in conc if str(c) in
                                                                  args.eager_device_concurrency.split(",")]
-                # every prompt's prefill pieces in the same steps: all sequences reach decode together
-                eng = Engine(model, max_slots=max(conc), max_batched_tokens=max(conc) * args.prompt, prefix_caching=False,
-                             max_model_len=args.prompt + 2 + args.warmup + max(args.steps, args.before_steps),
-                             cuda_graphs=graphs, device_sampling=device_sampling, stage_ahead=variant != "unstaged")
+
+                def new_engine():  # every prompt's prefill pieces in the same steps: all sequences reach decode together
+                    return Engine(model, max_slots=max(conc), max_batched_tokens=max(conc) * args.prompt,
+                                  prefix_caching=False,
+                                  max_model_len=args.prompt + 2 + args.warmup + max(args.steps, args.before_steps),
+                                  cuda_graphs=graphs, device_sampling=device_sampling,
+                                  stage_ahead=variant != "unstaged")
+
+                eng = new_engine()
                 per[variant] = []
                 per.setdefault("memory", eng.memory)
                 for c in run_c:
@@ -225,9 +230,7 @@ def main():
                     except Exception as e:  # recorded; the other measurements go on
                         log("FAILED", name, mode, variant, c, repr(e))
                         per[variant + "_errors"] = per.get(variant + "_errors", []) + [f"c={c}: {e!r}"]
-                        eng = Engine(model, max_slots=max(conc), max_batched_tokens=max(conc) * args.prompt,
-                                     prefix_caching=False, max_model_len=eng.max_model_len, cuda_graphs=graphs,
-                                     device_sampling=device_sampling, stage_ahead=variant != "unstaged")
+                        eng = new_engine()
                         continue
                     fb = floor_bytes(model, c, r["ctx_mean"])
                     r["floor_bytes"] = fb
